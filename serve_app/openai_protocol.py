@@ -8,10 +8,11 @@ Unknown request fields are accepted and ignored, as OpenAI and vLLM do, so newer
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from serve_app.generation import GenerationChunk, GenerationRequest
 
@@ -76,10 +77,15 @@ def _rebuild_error(status, message, param, code, type_, headers) -> OpenAIError:
     return OpenAIError(status, message, param=param, code=code, type=type_, headers=headers)
 
 
+# Parts of a pydantic error location that name a validator or a union member (`prompt.str`,
+# `stop.list[str]`), not a field the client sent.
+_NOT_A_FIELD_RE = re.compile(r"^(function-.*|str|int|float|bool|(list|dict)\[.*\])$")
+
+
 def validation_error(e: ValidationError) -> OpenAIError:
     """The first pydantic error as a 400 naming the field, e.g. `messages.0.role`."""
     err = e.errors(include_url=False)[0]
-    param = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-")) or None
+    param = ".".join(str(p) for p in err["loc"] if not _NOT_A_FIELD_RE.match(str(p))) or None
     msg = err["msg"]
     if err["type"] == "missing":
         msg = f"'{param}' is a required property"
@@ -112,7 +118,9 @@ class StreamOptions(BaseModel):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # allow_inf_nan=False: Python's json accepts NaN/Infinity, which would reach vLLM otherwise
+    # (e.g. repetition_penalty=Infinity, logit_bias values NaN).
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -138,12 +146,13 @@ class _Request(BaseModel):
     spaces_between_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
 
-    @model_validator(mode="after")
-    def _stop_list(self):
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop):  # a field validator, so that the 400 names param "stop"
+        stops = [stop] if isinstance(stop, str) else stop or []
         if len(stops) > 16 or any(len(s) == 0 or len(s) > 256 for s in stops):
-            raise ValueError("stop: at most 16 non-empty strings of at most 256 characters")
-        return self
+            raise ValueError("at most 16 non-empty strings of at most 256 characters")
+        return stop
 
     def _unsupported(self, fields: tuple[str, ...]) -> None:
         extra = self.model_extra or {}
@@ -274,6 +283,7 @@ class ResponseBuilder:
         self.num_completion_tokens = 0
         self._role_sent = [False] * n
         self._echo = ""
+        self._echo_sent = [False] * n
 
     @property
     def object_name(self) -> str:
@@ -288,8 +298,9 @@ class ResponseBuilder:
         for c in chunk.choices:
             self.num_completion_tokens += c.num_tokens
             text = c.text
-            if self._echo and c.index == 0 and not self.texts[0]:
+            if self._echo and not self._echo_sent[c.index]:  # every choice starts with the prompt
                 text = self._echo + text
+                self._echo_sent[c.index] = True
             self.texts[c.index] += text
             reason = _finish_reason(c.finish_reason)
             if reason:

@@ -46,10 +46,11 @@ class RequestIdentityMiddleware:
             _propagator.inject(carrier)
             scope.setdefault("state", {})["request_id"] = request_id
             extra = [(b"traceparent", carrier["traceparent"].encode())]
-            if headers.get("x-request-id") != request_id:
+            if "x-request-id" not in headers:
                 # Behind Ray Serve's proxy the header is always there (it makes one when the
-                # client sent none) and the proxy echoes it; add it only when served directly,
-                # or when the one given was malformed and so was replaced.
+                # client sent none) and the proxy echoes it as given; adding ours too would send
+                # two. So add it only when served without the proxy. A malformed incoming id is
+                # still replaced in `state.request_id`, which is what logs and traces use.
                 extra.append((b"x-request-id", request_id.encode()))
 
             async def send_with_ids(message) -> None:

