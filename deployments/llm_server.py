@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import AsyncIterator
 
 from ray import serve
 
+from deployments.engine import Engine
 from serve_app import model_source
 from serve_app.config import ModelConfig
 from serve_app.generation import EngineStats, GenerationChunk, GenerationError, GenerationRequest
@@ -28,14 +30,22 @@ logger = logging.getLogger("ray.serve")
 @serve.deployment
 class LLMServer:
     async def __init__(self, model: ModelConfig, cache_dir: str) -> None:
-        # Imported here so that the Router and the driver never load vllm/torch.
-        from deployments.vllm_engine import VLLMEngine
-
+        if model.deployment.cpu_nice:
+            os.nice(model.deployment.cpu_nice)  # inherited by the engine process it spawns
         # Idempotent: a no-op when the model is already prepared on this node.
         path = model_source.resolve(model, Path(cache_dir))
         self._model = model
         self._num_requests_total = 0
-        self._engine = VLLMEngine(model, path)
+        self._engine: Engine
+        if path == "simulated":
+            from deployments.sim_engine import SimEngine
+
+            self._engine = SimEngine(model)
+        else:
+            # Imported here so that the Router and the driver never load vllm/torch.
+            from deployments.vllm_engine import VLLMEngine
+
+            self._engine = VLLMEngine(model, path)
         await self._engine.start()
 
     async def generate(

@@ -7,8 +7,10 @@ The HTTP routes and the Python handle methods share one path (`_open_stream`), s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Any, AsyncIterator, Literal
@@ -16,11 +18,13 @@ from typing import Any, AsyncIterator, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve_app.config import AppConfig
+from deployments.admission_gate import Gate, Ticket
+from serve_app.config import AppConfig, TenantConfig
 from serve_app.generation import GenerationError
 from serve_app.openai_protocol import (
     OpenAIError,
@@ -29,11 +33,15 @@ from serve_app.openai_protocol import (
     parse_json_body,
     parse_request,
 )
+from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
 from serve_app.tracing import RequestIdentityMiddleware
 
 logger = logging.getLogger("ray.serve")
 Kind = Literal["chat", "completion"]
 ID_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}
+TICK_S = 0.1  # queue expiry resolution
+REPLICA_REFRESH_S = 2.0
+RECLAIM_GRACE_S = 5.0
 
 app = FastAPI(title="llmserve", docs_url=None, redoc_url=None)
 app.add_middleware(RequestIdentityMiddleware)
@@ -62,11 +70,14 @@ async def _unexpected(_: Request, e: Exception) -> JSONResponse:
 class _OpenStream:
     """A generation whose first item has arrived (so errors surface as an HTTP status)."""
 
-    def __init__(self, builder: ResponseBuilder, first, rest: DeploymentResponseGenerator, usage):
+    def __init__(self, builder: ResponseBuilder, first, rest: DeploymentResponseGenerator,
+                 usage: bool, ticket: Ticket, headers: dict[str, str]) -> None:  # fmt: skip
         self.builder = builder
         self.first = first
         self.rest = rest
         self.include_usage = usage
+        self.ticket = ticket
+        self.headers = headers  # response headers: rate limits, clamping notes
 
 
 def _sse(data: dict[str, Any] | str, event: str | None = None) -> ServerSentEvent:
@@ -74,13 +85,81 @@ def _sse(data: dict[str, Any] | str, event: str | None = None) -> ServerSentEven
     return ServerSentEvent(data=text, event=event)
 
 
+def _timeout_field(body: dict[str, Any]) -> float | None:
+    value = body.get("timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OpenAIError(400, "timeout must be a number of seconds", param="timeout")
+    return float(value)
+
+
+def _prompt_chars(gen) -> int:
+    if gen.messages is not None:
+        return sum(len(m["content"]) for m in gen.messages)
+    return len(gen.prompt)
+
+
+# Helpers used by Router methods live above the class: @serve.ingress pickles the FastAPI app,
+# and with it the route methods by value, while this module is still being imported.
 @serve.deployment
 @serve.ingress(app)
 class Router:
-    def __init__(self, config: dict[str, Any], llm_handles: dict[str, DeploymentHandle]) -> None:
+    async def __init__(
+        self, config: dict[str, Any], llm_handles: dict[str, DeploymentHandle]
+    ) -> None:
         self._config = AppConfig.model_validate(config)
         self._handles = llm_handles
         self._created = int(time.time())
+        self._directory = TenantDirectory(self._config, os.environ)
+        self._gate = Gate(self._config, self._directory.tenants, self._config.router.num_replicas)
+        self._deployment_names = {
+            m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
+        }
+        # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
+        # deadlines (one timer for all instead of a timeout around every chunk).
+        self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
+        self._background = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    async def _housekeeping(self) -> None:
+        """Expire queued requests; follow each model's live replica count."""
+        last_refresh = 0.0
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._gate.tick()
+            self._enforce_deadlines()
+            if time.monotonic() - last_refresh > REPLICA_REFRESH_S:
+                last_refresh = time.monotonic()
+                await self._refresh_replicas()
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for entry_id, (ticket, stream) in list(self._dispatched.items()):
+            if ticket.finished:
+                del self._dispatched[entry_id]
+            elif now > ticket.deadline_s and not ticket.expired:
+                # Cancelling aborts the engine request; the reader then gets a 504.
+                ticket.expired = True
+                stream.cancel()
+            elif now > ticket.deadline_s + RECLAIM_GRACE_S:
+                # A streaming response whose body was never iterated (the client vanished
+                # between the headers and the first read) never runs its own cleanup.
+                logger.warning("reclaiming abandoned request %s", entry_id)
+                self._gate.finish(ticket, 0)
+                del self._dispatched[entry_id]
+
+    async def _refresh_replicas(self) -> None:
+        try:
+            app = serve.get_replica_context().app_name
+            status = await asyncio.to_thread(serve.status)
+            deployments = status.applications[app].deployments
+        except Exception as e:  # controller busy or restarting: keep the last known counts
+            logger.debug("replica refresh failed: %r", e)
+            return
+        for model, name in self._deployment_names.items():
+            d = deployments.get(name)
+            if d is not None:
+                self._gate.set_live_replicas(model, d.replica_states.get("RUNNING", 0))
 
     # ------------------------------------------------------------------------------ HTTP routes
 
@@ -90,7 +169,7 @@ class Router:
 
     @app.get("/healthz")
     async def http_health(self) -> JSONResponse:
-        return JSONResponse({"status": "ok", "models": list(self._handles)})
+        return JSONResponse({"status": "ok", "models": self._gate.snapshot()})
 
     @app.post("/v1/chat/completions")
     async def http_chat(self, request: Request):
@@ -101,8 +180,13 @@ class Router:
         return await self._http(request, "completion")
 
     async def _http(self, request: Request, kind: Kind):
+        # The key is checked before the body is even read: no work for strangers.
+        tenant = self._directory.authenticate(request.headers.get("authorization"))
+        request.state.response_headers = {**self._gate.rate_headers(tenant),
+                                          "x-llmserve-tenant": tenant.name}  # fmt: skip
         body = parse_json_body(await self._read_body(request))
-        stream = await self._open_stream(kind, body)
+        stream = await self._open_stream(kind, body, tenant)
+        request.state.response_headers = {**stream.headers, "x-llmserve-tenant": tenant.name}
         if body.get("stream") is True:
             return EventSourceResponse(self._sse_events(stream), sep="\n", ping=15)
         return JSONResponse(await self._collect(stream))
@@ -124,25 +208,36 @@ class Router:
 
     # -------------------------------------------------------------------- handle API (Python)
 
-    async def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def chat_completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
         """Non-streaming chat completion for DeploymentHandle callers; raises OpenAIError."""
-        return await self._collect(await self._open_stream("chat", body))
+        return await self._collect(await self._open_stream("chat", body, self._auth(api_key)))
 
-    async def completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._collect(await self._open_stream("completion", body))
+    async def completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
+        return await self._collect(await self._open_stream("completion", body, self._auth(api_key)))
 
-    async def stream_chat_completions(self, body: dict[str, Any]) -> AsyncIterator[dict]:
+    async def stream_chat_completions(
+        self, body: dict[str, Any], api_key: str | None = None
+    ) -> AsyncIterator[dict]:
         """Streaming chat completion: yields OpenAI chunk dicts (call with stream=True)."""
-        async for chunk in self._chunks(await self._open_stream("chat", body)):
+        stream = await self._open_stream("chat", body, self._auth(api_key))
+        async for chunk in self._chunks(stream):
             yield chunk
 
-    async def stream_completions(self, body: dict[str, Any]) -> AsyncIterator[dict]:
-        async for chunk in self._chunks(await self._open_stream("completion", body)):
+    async def stream_completions(
+        self, body: dict[str, Any], api_key: str | None = None
+    ) -> AsyncIterator[dict]:
+        stream = await self._open_stream("completion", body, self._auth(api_key))
+        async for chunk in self._chunks(stream):
             yield chunk
+
+    def _auth(self, api_key: str | None) -> TenantConfig:
+        return self._directory.authenticate(f"Bearer {api_key}" if api_key else None)
 
     # ---------------------------------------------------------------------------------- core
 
-    async def _open_stream(self, kind: Kind, body: dict[str, Any]) -> _OpenStream:
+    async def _open_stream(
+        self, kind: Kind, body: dict[str, Any], tenant: TenantConfig
+    ) -> _OpenStream:
         req = parse_request(kind, body)
         handle = self._handles.get(req.model)
         if handle is None:
@@ -154,27 +249,48 @@ class Router:
                 code="model_not_found",
             )
         response_id = f"{ID_PREFIX[kind]}-{uuid.uuid4().hex}"
-        gen_request = req.to_generation(response_id, self._config.http.max_n)
-        stream: DeploymentResponseGenerator = handle.options(stream=True).generate.remote(
-            gen_request
-        )
+        gen = req.to_generation(response_id, self._config.http.max_n)
+        model = self._config.model(req.model)
+        terms = request_terms(tenant, req.model, gen.max_tokens, _timeout_field(body),
+                              model.max_tokens_default)  # fmt: skip
+        num_tokens = estimate_prompt_tokens(_prompt_chars(gen)) + terms.max_tokens * req.n
+        ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
+        headers = dict(ticket.rate_headers)
+        if terms.max_tokens_clamped_from is not None:
+            headers["x-max-tokens-clamped"] = f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
+        gen = dataclasses.replace(gen, max_tokens=terms.engine_max_tokens,
+                                  priority=self._gate.priority(tenant))  # fmt: skip
+        stream: DeploymentResponseGenerator = handle.options(stream=True).generate.remote(gen)
+        self._dispatched[ticket.entry_id] = (ticket, stream)
         try:
-            first = await stream.__anext__()
-        except StopAsyncIteration:
-            raise OpenAIError(500, "the engine ended the stream without output") from None
-        except asyncio.CancelledError:
-            stream.cancel()  # the caller left: do not leave the engine working for nobody
-            raise
-        except Exception as e:
-            stream.cancel()
+            first = await self._next(stream, ticket)
+        except BaseException as e:
+            stream.cancel()  # the caller left, the deadline passed or the replica failed
+            self._gate.finish(ticket, 0)
+            if isinstance(e, (OpenAIError, asyncio.CancelledError)):
+                raise
+            if isinstance(e, StopAsyncIteration):
+                raise OpenAIError(500, "the engine ended the stream without output") from None
             logger.warning("request %s failed before output: %r", response_id, e)
             raise OpenAIError(503, f"model '{req.model}' is unavailable; retry shortly",
                               headers={"Retry-After": "1"}) from None  # fmt: skip
         if isinstance(first, GenerationError):
+            self._gate.finish(ticket, 0)
             raise OpenAIError(first.status, first.message, param=first.param, code=first.code,
                               type=first.type)  # fmt: skip
         builder = ResponseBuilder(kind, response_id, req.model, req.n)
-        return _OpenStream(builder, first, stream, req.include_usage)
+        return _OpenStream(builder, first, stream, req.include_usage, ticket, headers)
+
+    async def _next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
+        """The stream's next item, or a 504 once the request's deadline has cancelled it."""
+        try:
+            return await stream.__anext__()
+        except RequestCancelledError:
+            if not ticket.expired:
+                raise
+            self._gate.num_rejected[(ticket.model, "deadline")] += 1
+            raise OpenAIError(504, "the request's deadline passed during generation",
+                              code="deadline_exceeded") from None  # fmt: skip
 
     async def _chunks(self, s: _OpenStream) -> AsyncIterator[dict[str, Any]]:
         """OpenAI stream chunks; raises OpenAIError if the engine fails mid-stream."""
@@ -182,7 +298,11 @@ class Router:
         try:
             for c in s.builder.add(s.first):
                 yield c
-            async for item in s.rest:
+            while True:
+                try:
+                    item = await self._next(s.rest, s.ticket)
+                except StopAsyncIteration:
+                    break
                 if isinstance(item, GenerationError):
                     raise OpenAIError(item.status, item.message, param=item.param, type=item.type)
                 for c in s.builder.add(item):
@@ -192,7 +312,9 @@ class Router:
                 yield s.builder.usage_chunk()
         finally:
             if not done:
-                s.rest.cancel()
+                s.rest.cancel()  # aborts the engine request and frees its KV blocks
+            self._gate.finish(s.ticket, s.builder.usage()["total_tokens"])
+            self._dispatched.pop(s.ticket.entry_id, None)
 
     async def _collect(self, s: _OpenStream) -> dict[str, Any]:
         async for _ in self._chunks(s):
@@ -210,3 +332,4 @@ class Router:
             err = OpenAIError(503, "the model replica failed during generation; retry")
             yield _sse(err.body(), event="error")
         yield _sse("[DONE]")
+

@@ -55,6 +55,7 @@ class VLLMEngine:
         # A subclass per engine so two engines in one process never share their latest stats.
         self._stats_logger = type("_Stats", (_LastSchedulerStats,), {"latest": None})
         self.max_model_len = 0
+        self._by_priority = model.engine.scheduling_policy == "priority"
 
     async def start(self) -> None:
         cfg = self._model.engine
@@ -137,7 +138,8 @@ class VLLMEngine:
                 TokensPrompt(prompt_token_ids=ids),
                 params,
                 request.request_id,
-                priority=request.priority,
+                # vLLM refuses a non-zero priority unless it schedules by priority.
+                priority=request.priority if self._by_priority else 0,
             ):
                 choices = [
                     ChoiceDelta(

@@ -77,6 +77,18 @@ class DeploymentOptions(_Strict):
     health_check_period_s: float = Field(default=10.0, gt=0)
     health_check_timeout_s: float = Field(default=30.0, gt=0)
     env_vars: dict[str, str] = Field(default_factory=dict)
+    cpu_nice: int = Field(
+        default=0, ge=0, le=19,
+        description="Niceness of the replica and its engine process. Raise it where replicas "
+        "share CPUs with the proxy and Router (CPU-only hosts), so the door stays responsive.",
+    )
+
+
+class SimulationConfig(_Strict):
+    """Timing of the simulated engine (`source: simulated`), for load and policy tests."""
+
+    step_s: float = Field(default=0.02, gt=0, description="One decode step with one sequence.")
+    per_seq_step_s: float = Field(default=0.0005, ge=0, description="Added per running sequence.")
 
 
 class ModelConfig(_Strict):
@@ -90,6 +102,7 @@ class ModelConfig(_Strict):
     max_tokens_default: int = Field(
         default=256, gt=0, description="max_tokens when a request gives none."
     )
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
 
     @field_validator("name")
     @classmethod
@@ -120,6 +133,72 @@ class RouterOptions(_Strict):
     num_cpus: float = Field(default=0.5, ge=0)
 
 
+class RateLimits(_Strict):
+    """Token buckets of one tenant, for the whole app (split across Router replicas)."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    max_burst_requests: int | None = Field(default=None, gt=0)
+    # Prompt + max_tokens are reserved at admission and corrected to actual usage at the end.
+    tokens_per_min: float | None = Field(default=None, gt=0)
+
+
+class TenantConfig(_Strict):
+    name: str
+    api_keys: list[str] = Field(
+        default_factory=list, description="Inline keys: for demos and tests, not production."
+    )
+    api_key_env: list[str] = Field(
+        default_factory=list, description="Names of environment variables holding keys."
+    )
+    priority: str = "standard"
+    rate_limits: RateLimits = Field(default_factory=RateLimits)
+    max_concurrent_requests: int | None = Field(default=None, gt=0)
+    default_timeout_s: float = Field(default=60.0, gt=0)
+    max_timeout_s: float = Field(default=300.0, gt=0)
+    max_tokens_cap: int | None = Field(default=None, gt=0)
+    max_tokens_over_cap: Literal["clamp", "reject"] = "clamp"
+    models: list[str] | None = Field(default=None, description="Allowed models; None = all.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not MODEL_NAME_RE.fullmatch(v):
+            raise ValueError(f"tenant name {v!r} must be letters, digits, '.', '_', ':' or '-'")
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_ok(cls, v: list[str]) -> list[str]:
+        if any(len(k) < 8 for k in v):
+            raise ValueError("API keys must be at least 8 characters")
+        return v
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> "TenantConfig":
+        if self.default_timeout_s > self.max_timeout_s:
+            raise ValueError(
+                f"tenant {self.name!r}: default_timeout_s {self.default_timeout_s} is above "
+                f"max_timeout_s {self.max_timeout_s}"
+            )
+        return self
+
+
+class AdmissionConfig(_Strict):
+    priority_levels: dict[str, int] = Field(
+        default_factory=lambda: {"interactive": 0, "standard": 1, "batch": 2},
+        description="Priority class -> level; lower runs first, in the queue and the engine.",
+    )
+    max_queue_len: int = Field(default=256, ge=0, description="Per model, per Router replica.")
+    max_queue_wait_s: float = Field(default=30.0, gt=0)
+    ageing_s: float = Field(
+        default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
+    )
+    anonymous_tenant: str | None = Field(
+        default="anonymous",
+        description="Tenant for requests without a key; null makes a key mandatory (401).",
+    )
+
+
 class AppConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     model_cache_dir: str | None = Field(
@@ -129,6 +208,11 @@ class AppConfig(_Strict):
     )
     http: HttpConfig = Field(default_factory=HttpConfig)
     router: RouterOptions = Field(default_factory=RouterOptions)
+    tenants: list[TenantConfig] = Field(
+        default_factory=list,
+        description="Empty: everyone is the anonymous tenant, with no limits.",
+    )
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "AppConfig":
@@ -138,6 +222,35 @@ class AppConfig(_Strict):
                 raise ValueError(f"model name {m.name!r} appears twice in models")
             seen.add(m.name)
         return self
+
+    @model_validator(mode="after")
+    def _tenants_consistent(self) -> "AppConfig":
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        keys = [k for t in self.tenants for k in t.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("an API key is given to more than one tenant")
+        levels = self.admission.priority_levels
+        models = {m.name for m in self.models}
+        for t in self.tenants:
+            if t.priority not in levels:
+                raise ValueError(
+                    f"tenant {t.name!r}: priority {t.priority!r} is not one of {sorted(levels)}"
+                )
+            unknown = set(t.models or []) - models
+            if unknown:
+                raise ValueError(f"tenant {t.name!r}: unknown models {sorted(unknown)}")
+        anon = self.admission.anonymous_tenant
+        if self.tenants and anon is not None and anon not in names:
+            raise ValueError(f"admission.anonymous_tenant {anon!r} is not a configured tenant")
+        return self
+
+    def effective_tenants(self) -> list[TenantConfig]:
+        """The configured tenants, or one unlimited anonymous tenant when none are."""
+        if self.tenants:
+            return list(self.tenants)
+        return [TenantConfig(name=self.admission.anonymous_tenant or "anonymous")]
 
     def cache_dir(self) -> Path:
         raw = self.model_cache_dir or os.environ.get("LLMSERVE_MODEL_CACHE")

@@ -37,11 +37,13 @@ class ModelSourceError(RuntimeError):
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "pypi" | "local" | "hub"
+    kind: str  # "pypi" | "local" | "hub" | "simulated"
     value: str  # package name, folder, or hub id
 
 
 def parse_source(source: str) -> Source:
+    if source == "simulated":
+        return Source("simulated", "")
     if source.startswith("pypi:"):
         return Source("pypi", source.removeprefix("pypi:"))
     path = Path(source).expanduser()
@@ -166,7 +168,7 @@ def resolve(model: ModelConfig, cache_dir: Path) -> str:
     src = check(model, cache_dir)
     if src.kind == "pypi":
         return str(prepare_packaged_gguf(model, cache_dir, packaged_gguf(src.value)))
-    return src.value
+    return src.value or src.kind
 
 
 def prepare_packaged_gguf(

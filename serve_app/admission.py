@@ -1,0 +1,255 @@
+"""Admission control for one model: an in-flight cap and a bounded priority queue.
+
+Pure policy over plain data. The caller passes the clock in as `now_s` (monotonic
+seconds) and acts on the decisions; nothing here awaits, sleeps or does I/O, so the
+Router wraps it with asyncio futures and tests drive it with plain floats.
+
+- `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
+  `Reject("queue_full", retry_after_s)`.
+- `release` a finished request: its slot goes to the queued entries that may now start.
+- `poll` expires entries that waited longer than `max_queue_wait_s` ("queue_timeout").
+- `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
+
+Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
+arrival. With ageing, an entry's effective priority drops by one every `ageing_s` seconds
+it waits, so batch work passes newer interactive work after long enough and is never
+starved. Invariant after every call: if anything is queued, no slot is free (in-flight >=
+capacity), so a newcomer can never overtake the queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
+
+RejectReason = Literal["queue_full", "queue_timeout"]
+
+# Weight of the newest completion in the mean service time behind retry_after_s: it
+# follows load changes within tens of requests, and one runaway request barely moves it.
+_SERVICE_TIME_WEIGHT = 0.1
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Start this request now: it holds one in-flight slot until `release`."""
+
+    entry_id: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Answer this request 503 with Retry-After (an estimate, in seconds, not rounded)."""
+
+    entry_id: str
+    reason: RejectReason
+    retry_after_s: float
+
+
+@dataclass(frozen=True)
+class Queue:
+    """This request waits; a later `release`/`set_capacity` starts it or `poll` expires it.
+
+    `displaced`: a queue that is full makes room for a more urgent newcomer by rejecting
+    its least urgent, newest entry, which the caller must answer as well.
+    """
+
+    entry_id: str
+    displaced: Reject | None = None
+
+
+Decision = Admit | Queue | Reject
+
+
+@dataclass(frozen=True)
+class _Entry:
+    entry_id: str
+    priority: int
+    arrival_s: float
+    seq: int  # arrival order, so ties never depend on clock resolution
+
+
+class AdmissionPolicy:
+    """In-flight cap plus bounded priority queue for one model (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        max_queue_len: int,
+        max_queue_wait_s: float,
+        ageing_s: float = 0.0,
+        displace_lower_priority: bool = True,
+        min_retry_after_s: float = 1.0,
+    ) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        if max_queue_len < 0:
+            raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
+        if not (max_queue_wait_s > 0 and math.isfinite(max_queue_wait_s)):
+            raise ValueError(f"max_queue_wait_s must be > 0 and finite, got {max_queue_wait_s}")
+        if ageing_s < 0:
+            raise ValueError(f"ageing_s must be >= 0 (0 = off), got {ageing_s}")
+        if min_retry_after_s < 0:
+            raise ValueError(f"min_retry_after_s must be >= 0, got {min_retry_after_s}")
+        self._capacity = capacity
+        self._max_queue_len = max_queue_len
+        self._max_queue_wait_s = max_queue_wait_s
+        self._ageing_s = ageing_s
+        self._displace_lower_priority = displace_lower_priority
+        self._min_retry_after_s = min_retry_after_s
+        self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
+        self._queued: dict[str, _Entry] = {}
+        # One FIFO per base priority. Ageing depends only on the wait, so within one base
+        # priority the oldest entry is always the most urgent: the next to start is the
+        # best of the heads, the one to displace the worst of the tails.
+        self._levels: dict[int, OrderedDict[str, _Entry]] = {}
+        self._seq = itertools.count()
+        self._mean_service_s: float | None = None
+
+    # -- state, for metrics and tests ------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queued)
+
+    def num_queued_by_priority(self) -> dict[int, int]:
+        return {level: len(fifo) for level, fifo in sorted(self._levels.items())}
+
+    def is_queued(self, entry_id: str) -> bool:
+        return entry_id in self._queued
+
+    def is_in_flight(self, entry_id: str) -> bool:
+        return entry_id in self._in_flight
+
+    def queued_in_order(self, now_s: float) -> list[str]:
+        """Queued entry ids in the order they would start at `now_s`."""
+        entries = sorted(self._queued.values(), key=lambda e: self._key(e, now_s))
+        return [e.entry_id for e in entries]
+
+    def effective_priority(self, priority: int, waited_s: float) -> int:
+        if self._ageing_s <= 0:
+            return priority
+        return priority - math.floor(max(0.0, waited_s) / self._ageing_s)
+
+    # -- decisions -------------------------------------------------------------------
+
+    def offer(self, entry_id: str, priority: int, now_s: float) -> Decision:
+        """Decide a new request. Call `poll(now_s)` first so expired entries do not count."""
+        if entry_id in self._queued or entry_id in self._in_flight:
+            raise ValueError(f"entry {entry_id!r} was already offered")
+        # By the invariant, a free slot means an empty queue: no one is overtaken.
+        if len(self._in_flight) < self._capacity:
+            self._in_flight[entry_id] = now_s
+            return Admit(entry_id)
+        entry = _Entry(entry_id, priority, now_s, next(self._seq))
+        if len(self._queued) < self._max_queue_len:
+            self._push(entry)
+            return Queue(entry_id)
+        if self._displace_lower_priority and self._queued:
+            worst = max((fifo[next(reversed(fifo))] for fifo in self._levels.values()),
+                        key=lambda e: self._key(e, now_s))
+            if self._key(entry, now_s) < self._key(worst, now_s):
+                self._remove(worst)
+                self._push(entry)
+                return Queue(entry_id, Reject(worst.entry_id, "queue_full", self._retry_after_s()))
+        return Reject(entry_id, "queue_full", self._retry_after_s())
+
+    def release(self, entry_id: str, now_s: float) -> list[str]:
+        """An admitted request ended: free its slot; return the queued ids that start now.
+
+        Raises KeyError for an id that is not in flight: a double release would otherwise
+        let in-flight exceed the capacity.
+        """
+        admitted_s = self._in_flight.pop(entry_id)
+        service_s = max(0.0, now_s - admitted_s)
+        if self._mean_service_s is None:
+            self._mean_service_s = service_s
+        else:
+            self._mean_service_s += _SERVICE_TIME_WEIGHT * (service_s - self._mean_service_s)
+        return self._start_queued(now_s)
+
+    def set_capacity(self, capacity: int, now_s: float) -> list[str]:
+        """Follow the live replicas (max_ongoing_requests x replicas); return ids that start.
+
+        A shrink never stops running requests: in-flight may stay above the new capacity,
+        and nothing starts until it has dropped below.
+        """
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._capacity = capacity
+        return self._start_queued(now_s)
+
+    def cancel(self, entry_id: str) -> bool:
+        """Drop a queued entry (its client left). False if it is not queued; an entry that
+        already started must be `release`d instead."""
+        entry = self._queued.get(entry_id)
+        if entry is None:
+            return False
+        self._remove(entry)
+        return True
+
+    def poll(self, now_s: float) -> list[Reject]:
+        """Expire entries that have waited more than max_queue_wait_s, oldest first."""
+        expired: list[_Entry] = []
+        for fifo in list(self._levels.values()):
+            # Each FIFO is in arrival order, so its expired entries are a prefix.
+            while fifo:
+                head = fifo[next(iter(fifo))]
+                if now_s - head.arrival_s <= self._max_queue_wait_s:
+                    break
+                self._remove(head)
+                expired.append(head)
+        expired.sort(key=lambda e: e.seq)
+        retry_after_s = self._retry_after_s()
+        return [Reject(e.entry_id, "queue_timeout", retry_after_s) for e in expired]
+
+    # -- internals -------------------------------------------------------------------
+
+    def _key(self, entry: _Entry, now_s: float) -> tuple[int, int]:
+        return self.effective_priority(entry.priority, now_s - entry.arrival_s), entry.seq
+
+    def _push(self, entry: _Entry) -> None:
+        self._queued[entry.entry_id] = entry
+        self._levels.setdefault(entry.priority, OrderedDict())[entry.entry_id] = entry
+
+    def _remove(self, entry: _Entry) -> None:
+        del self._queued[entry.entry_id]
+        fifo = self._levels[entry.priority]
+        del fifo[entry.entry_id]
+        if not fifo:
+            del self._levels[entry.priority]
+
+    def _start_queued(self, now_s: float) -> list[str]:
+        started: list[str] = []
+        while self._queued and len(self._in_flight) < self._capacity:
+            best = min((fifo[next(iter(fifo))] for fifo in self._levels.values()),
+                       key=lambda e: self._key(e, now_s))
+            self._remove(best)
+            self._in_flight[best.entry_id] = now_s
+            started.append(best.entry_id)
+        return started
+
+    def _retry_after_s(self) -> float:
+        """When a refused client might be served: the time to work off today's queue at
+        the observed service rate, within [min_retry_after_s, max_queue_wait_s]. Retries
+        spread over that span instead of all returning at the next free slot."""
+        upper_s = max(self._min_retry_after_s, self._max_queue_wait_s)
+        if self._capacity == 0:
+            return upper_s  # nothing drains until replicas come up
+        if self._mean_service_s is None:
+            return self._min_retry_after_s  # no completions seen yet: nothing to go by
+        estimate_s = len(self._queued) * self._mean_service_s / self._capacity
+        return min(upper_s, max(self._min_retry_after_s, estimate_s))

@@ -1,0 +1,129 @@
+"""Tenants: who is calling (API key -> tenant) and what a request of theirs may ask for.
+
+Pure: the environment is passed in, so tests need no monkeypatching. Keys are kept only as
+SHA-256 digests and every presented key is compared against every stored digest with
+`hmac.compare_digest`, so neither the lookup's timing nor a memory dump reveals a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from serve_app.config import AppConfig, TenantConfig
+from serve_app.openai_protocol import OpenAIError
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+class TenantDirectory:
+    def __init__(self, config: AppConfig, environ: Mapping[str, str]) -> None:
+        self._by_name = {t.name: t for t in config.effective_tenants()}
+        self._keys: list[tuple[bytes, str]] = []
+        for t in config.effective_tenants():
+            keys = list(t.api_keys)
+            for var in t.api_key_env:
+                value = environ.get(var)
+                if not value:
+                    raise ValueError(f"tenant {t.name!r}: environment variable {var} is not set")
+                keys.append(value)
+            for k in keys:
+                owner = next((n for d, n in self._keys if d == _digest(k) and n != t.name), None)
+                if owner is not None:  # the config checks inline keys; env keys land here
+                    raise ValueError(f"tenants {owner!r} and {t.name!r}: an API key is given "
+                                     "to more than one tenant")  # fmt: skip
+                self._keys.append((_digest(k), t.name))
+        anon = config.admission.anonymous_tenant
+        self._anonymous = self._by_name.get(anon) if anon else None
+
+    def tenant(self, name: str) -> TenantConfig:
+        return self._by_name[name]
+
+    @property
+    def tenants(self) -> list[TenantConfig]:
+        return list(self._by_name.values())
+
+    def authenticate(self, authorization: str | None) -> TenantConfig:
+        """The tenant of an `Authorization: Bearer KEY` header; raises a 401 OpenAIError.
+
+        Where anonymous access is allowed, an unknown key is served as the anonymous tenant,
+        as a missing one is: OpenAI clients always send some key, and the anonymous tenant has
+        the lowest limits, so nothing is gained by guessing. The Router names the tenant in an
+        `x-llmserve-tenant` response header, so a mistyped key is visible. A malformed header
+        is always a 401.
+        """
+        if not authorization:
+            if self._anonymous is not None:
+                return self._anonymous
+            raise OpenAIError(401, "Missing API key: send `Authorization: Bearer YOUR_KEY`.",
+                              code="missing_api_key")  # fmt: skip
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise OpenAIError(401, "Malformed Authorization header: expected `Bearer YOUR_KEY`.",
+                              code="invalid_api_key")  # fmt: skip
+        presented = _digest(key)
+        found = None
+        for digest, name in self._keys:  # no early exit: same work for every key
+            if hmac.compare_digest(presented, digest):
+                found = name
+        if found is None:
+            if self._anonymous is not None:
+                return self._anonymous
+            raise OpenAIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return self._by_name[found]
+
+
+@dataclass(frozen=True)
+class RequestTerms:
+    """What a tenant's request may use, decided before it is admitted."""
+
+    max_tokens: int  # the most the engine may generate; what the token bucket reserves
+    # What to send the engine: None lets it use the model default clipped to the context left.
+    engine_max_tokens: int | None
+    max_tokens_clamped_from: int | None  # the asked value when it was clamped to the cap
+    timeout_s: float
+
+
+def request_terms(
+    tenant: TenantConfig,
+    model: str,
+    max_tokens: int | None,
+    timeout_s: float | None,
+    default_max_tokens: int,
+) -> RequestTerms:
+    """Model access, max_tokens cap and deadline for one request; raises OpenAIError."""
+    if tenant.models is not None and model not in tenant.models:
+        # Same answer as an unknown model: a tenant learns nothing about others' models.
+        raise OpenAIError(404, f"The model '{model}' does not exist or you do not have access "
+                          "to it.", param="model", code="model_not_found")  # fmt: skip
+    if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
+        raise OpenAIError(400, "timeout must be a positive number of seconds", param="timeout")
+    timeout = min(timeout_s or tenant.default_timeout_s, tenant.max_timeout_s)
+    cap = tenant.max_tokens_cap
+    clamped_from = None
+    if max_tokens is None:
+        if cap is None or default_max_tokens <= cap:
+            return RequestTerms(default_max_tokens, None, None, timeout)
+        return RequestTerms(cap, cap, None, timeout)
+    if cap is not None:
+        if max_tokens > cap:
+            if tenant.max_tokens_over_cap == "reject":
+                raise OpenAIError(400, f"max_tokens {max_tokens} is above your limit of {cap}",
+                                  param="max_tokens", code="max_tokens_above_limit")  # fmt: skip
+            clamped_from, max_tokens = max_tokens, cap
+    return RequestTerms(max_tokens, max_tokens, clamped_from, timeout)
+
+
+def estimate_prompt_tokens(text_chars: int) -> int:
+    """A cheap upper-ish estimate for the token bucket; corrected by actual usage afterwards.
+
+    English BPE averages about 4 characters a token; 3 errs on the side of reserving too much,
+    which the settlement at the end gives back.
+    """
+    return text_chars // 3 + 1

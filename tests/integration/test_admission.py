@@ -1,0 +1,234 @@
+"""Admission control on the real stack: keys, rate limits, the priority queue, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import (
+    CAPACITY,
+    DEFAULT,
+    KEYS,
+    MAX_QUEUE_LEN,
+    SIM_PREFIX,
+    SIM_RATE_PER_S,
+    TINY,
+    engine_stats,
+)
+
+PARIS = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+def auth(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+def chat(model=DEFAULT, **kw):
+    return {"model": model, "messages": PARIS, "max_tokens": 8, **kw}
+
+
+def test_keys_are_checked(http, base_url):
+    r = http.post("/v1/chat/completions", json=chat(), headers=auth("interactive"))
+    assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "interactive"
+    # This app allows anonymous access: an unknown key is served as `anonymous`, and says so.
+    r = http.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer nope-0"})
+    assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "anonymous"
+    r = http.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Basic abc"})
+    assert r.status_code == 401
+    # The `sim` app does not: there an unknown key is a 401.
+    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions", json={"model": "sim-model",
+                   "prompt": "x"}, headers={"Authorization": "Bearer nope-0"})  # fmt: skip
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    # A tenant limited to the tiny model cannot reach the default one, nor learn that it exists.
+    r = http.post("/v1/chat/completions", json=chat(), headers=auth("tiny-only"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = http.post("/v1/chat/completions", json=chat(model=TINY), headers=auth("tiny-only"))
+    assert r.status_code == 200
+
+
+def test_rate_limit_gives_429_with_retry_after_and_headers(http):
+    statuses = []
+    for _ in range(4):
+        r = http.post("/v1/chat/completions", json=chat(), headers=auth("limited"))
+        statuses.append(r.status_code)
+        assert r.headers["x-ratelimit-limit-requests"] == "2"
+        assert "x-ratelimit-remaining-requests" in r.headers
+        assert "x-ratelimit-reset-requests" in r.headers
+        if r.status_code == 429:
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert statuses[:2] == [200, 200] and 429 in statuses[2:]
+
+
+def test_max_tokens_above_cap_is_clamped_and_said(http):
+    time.sleep(4)  # let the `limited` tenant's bucket refill after the previous test
+    r = http.post("/v1/completions", headers=auth("limited"), json={
+        "model": DEFAULT, "prompt": "Count:", "max_tokens": 100, "ignore_eos": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.headers["x-max-tokens-clamped"] == "100->16"
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+async def _flood_one(client, tenant: str | None, i: int, delay_s: float):
+    await asyncio.sleep(delay_s)
+    headers = auth(tenant) if tenant else {}
+    t0 = time.monotonic()
+    r = await client.post("/v1/completions", headers=headers, json={
+        "model": DEFAULT, "prompt": f"Item {i}:", "max_tokens": 8, "ignore_eos": True})  # fmt: skip
+    return tenant, r, time.monotonic() - t0
+
+
+def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
+    served_before = engine_stats(DEFAULT).extra["num_requests_total"]
+    tenants = ["interactive", "batch", None, "limited"]
+    # 10x what the replica runs at once, all arriving within one second (an open-loop burst at
+    # ~10x the rate it can serve). Sent all in the same instant instead, the burst measures
+    # how fast two cores parse 160 HTTP requests, in the client as much as in the server.
+    num_requests = 10 * CAPACITY
+    spread_s = 1.0
+
+    async def flood():
+        limits = httpx.Limits(max_connections=num_requests)
+        async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as c:
+            return await asyncio.gather(*(
+                _flood_one(c, tenants[i % len(tenants)], i, spread_s * i / num_requests)
+                for i in range(num_requests)))  # fmt: skip
+
+    results = asyncio.run(flood())
+    by_status: dict[int, list[float]] = {}
+    for tenant, r, elapsed in results:
+        by_status.setdefault(r.status_code, []).append(elapsed)
+        if r.status_code == 200:
+            assert r.json()["usage"]["completion_tokens"] == 8
+        else:
+            assert r.status_code in (429, 503), (r.status_code, r.text)
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"]["code"] in ("rate_limit_exceeded", "queue_full")
+    rejected = by_status.get(429, []) + by_status.get(503, [])
+    print(f"\n{num_requests} requests: {len(by_status.get(200, []))} served, "
+          f"{len(by_status.get(429, []))} x 429, {len(by_status.get(503, []))} x 503; "
+          f"rejections answered in median {statistics.median(rejected) * 1000:.0f} ms, "
+          f"max {max(rejected) * 1000:.0f} ms")  # fmt: skip
+    assert len(by_status.get(200, [])) >= CAPACITY
+    assert len(by_status.get(503, [])) > 0, "the queue never filled: the flood was too small"
+    assert statistics.median(rejected) < 0.5
+    # Afterwards: nothing running, nothing queued, and the replica did not restart.
+    assert engine_stats(DEFAULT).num_unfinished == 0
+    health = http.get("/healthz").json()["models"][DEFAULT]
+    assert health["in_flight"] == 0 and health["queued"] == 0
+    served = engine_stats(DEFAULT).extra["num_requests_total"] - served_before
+    assert served == len(by_status[200]), "the replica restarted or lost count"
+
+
+async def _ttft(client, tenant: str, i: int, max_tokens: int) -> float:
+    t0 = time.monotonic()
+    async with client.stream("POST", "/v1/completions", headers=auth(tenant), json={
+        "model": DEFAULT, "prompt": f"Task {i}:", "max_tokens": max_tokens, "ignore_eos": True,
+        "stream": True,
+    }) as r:  # fmt: skip
+        assert r.status_code == 200, await r.aread()
+        ttft = None
+        async for line in r.aiter_lines():
+            if ttft is None and line.startswith("data: {"):
+                ttft = time.monotonic() - t0
+        return ttft
+
+
+def test_interactive_first_token_beats_batch_under_saturation(base_url):
+    async def scenario():
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as c:
+            # Saturate: the engine's slots, the Router's in-flight cap and part of the queue.
+            background = [asyncio.create_task(_ttft(c, "batch", i, 48))
+                          for i in range(CAPACITY + MAX_QUEUE_LEN // 2)]  # fmt: skip
+            await asyncio.sleep(2.0)
+            # Then the same work from both classes, arriving together.
+            probes = [asyncio.create_task(_ttft(c, tenant, 1000 + i, 16))
+                      for i in range(4) for tenant in ("interactive", "batch")]  # fmt: skip
+            probe_ttfts = await asyncio.gather(*probes)
+            await asyncio.gather(*background)
+            return probe_ttfts[0::2], probe_ttfts[1::2]
+
+    interactive, batch = asyncio.run(scenario())
+    i_med, b_med = statistics.median(interactive), statistics.median(batch)
+    print(f"\nunder saturation: interactive TTFT median {i_med:.2f} s, batch {b_med:.2f} s "
+          f"({b_med / i_med:.1f}x)")  # fmt: skip
+    assert i_med * 2 < b_med
+    assert engine_stats(DEFAULT).num_unfinished == 0
+
+
+def test_deadline_stops_a_long_stream_and_frees_the_engine(http, base_url):
+    t0 = time.monotonic()
+    lines = []
+    with httpx.Client(base_url=base_url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json={
+            "model": DEFAULT, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True,
+            "stream": True, "timeout": 3,
+        }) as r:  # fmt: skip
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+    elapsed = time.monotonic() - t0
+    assert lines[-1] == "data: [DONE]"
+    assert "event: error" in lines and "deadline_exceeded" in lines[-2]
+    assert sum(line.startswith("data: {\"id\"") for line in lines) > 5  # it did stream first
+    print(f"\nstream with a 3 s deadline ended after {elapsed:.2f} s")
+    assert 2.5 < elapsed < 6
+    deadline = time.monotonic() + 5
+    while engine_stats(DEFAULT).num_unfinished and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine_stats(DEFAULT).num_unfinished == 0
+    # Not streamed: a 504, then the next request is served normally.
+    r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Count:",
+                                           "max_tokens": 1500, "ignore_eos": True, "timeout": 2})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded"
+    r = http.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=20))
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("bad", ["soon", -1, 0, True])
+def test_bad_timeout_is_a_400(http, bad):
+    r = http.post("/v1/chat/completions", json=chat(timeout=bad))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "timeout"
+
+
+def test_rate_limit_holds_across_two_router_replicas(base_url):
+    """The `sim` app runs 2 Router replicas; the tenant's limit is for the app as a whole."""
+    warmup_s, measure_s = 1.0, 6.0  # the first second spends the initial burst
+    url = f"{base_url}{SIM_PREFIX}/v1/completions"
+
+    async def hammer():
+        t0 = time.monotonic()
+        stop = t0 + warmup_s + measure_s
+        counts = {"ok": 0, "429": 0, "other": 0}
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=16)) as c:
+            async def worker():
+                while (sent := time.monotonic()) < stop:
+                    r = await c.post(url, headers=auth("metered"), json={
+                        "model": "sim-model", "prompt": "x", "max_tokens": 1})  # fmt: skip
+                    if sent - t0 < warmup_s:
+                        continue
+                    key = "ok" if r.status_code == 200 else str(r.status_code)
+                    counts[key if key in counts else "other"] += 1
+            await asyncio.gather(*(worker() for _ in range(16)))
+        return counts
+
+    counts = asyncio.run(hammer())
+    rate = counts["ok"] / measure_s
+    print(f"\n2 Router replicas, limit {SIM_RATE_PER_S:g}/s: admitted {rate:.1f}/s in steady "
+          f"state ({counts['ok']} ok, {counts['429']} x 429, {counts['other']} other)")  # fmt: skip
+    assert counts["other"] == 0
+    assert counts["429"] > counts["ok"], "the load did not exceed the limit"
+    assert abs(rate - SIM_RATE_PER_S) <= 0.1 * SIM_RATE_PER_S
+
+
+def test_sim_app_needs_a_key(base_url):
+    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions",
+                   json={"model": "sim-model", "prompt": "x"})  # fmt: skip
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"

@@ -1,0 +1,353 @@
+"""Per-model admission: in-flight cap and bounded priority queue, with a plain-float clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from serve_app.admission import (
+    DEFAULT_PRIORITY_LEVELS,
+    Admit,
+    AdmissionPolicy,
+    Queue,
+    Reject,
+)
+
+INTERACTIVE = DEFAULT_PRIORITY_LEVELS["interactive"]
+STANDARD = DEFAULT_PRIORITY_LEVELS["standard"]
+BATCH = DEFAULT_PRIORITY_LEVELS["batch"]
+
+
+def make(capacity=1, max_queue_len=10, max_queue_wait_s=30.0, **kwargs) -> AdmissionPolicy:
+    return AdmissionPolicy(capacity=capacity, max_queue_len=max_queue_len,
+                           max_queue_wait_s=max_queue_wait_s, **kwargs)
+
+
+def drain_order(policy: AdmissionPolicy, first_in_flight: str, now_s: float) -> list[str]:
+    """Release one request at a time (capacity 1) and return the order they start in."""
+    order, running = [], first_in_flight
+    while True:
+        started = policy.release(running, now_s)
+        if not started:
+            return order
+        assert len(started) == 1
+        running = started[0]
+        order.append(running)
+
+
+# -- ordering -------------------------------------------------------------------------
+
+# [(id, priority, arrival_s)] queued behind one running request -> start order
+ORDER_CASES = {
+    "priority first": (
+        [("b", BATCH, 1.0), ("s", STANDARD, 2.0), ("i", INTERACTIVE, 3.0)], ["i", "s", "b"]),
+    "arrival within a priority": (
+        [("s1", STANDARD, 1.0), ("s2", STANDARD, 2.0), ("s3", STANDARD, 3.0)], ["s1", "s2", "s3"]),
+    "mixed": (
+        [("b1", BATCH, 0.1), ("i1", INTERACTIVE, 0.2), ("b2", BATCH, 0.3),
+         ("i2", INTERACTIVE, 0.4), ("s1", STANDARD, 0.5)], ["i1", "i2", "s1", "b1", "b2"]),
+    "same clock reading keeps arrival order": (
+        [("x", STANDARD, 5.0), ("y", STANDARD, 5.0), ("z", STANDARD, 5.0)], ["x", "y", "z"]),
+    "custom numeric levels": (
+        [("low", 20, 1.0), ("high", -5, 2.0), ("mid", 10, 3.0)], ["high", "mid", "low"]),
+}
+
+
+@pytest.mark.parametrize("arrivals, expected", ORDER_CASES.values(), ids=ORDER_CASES)
+def test_queue_orders_by_priority_then_arrival(arrivals, expected):
+    policy = make(capacity=1)
+    assert policy.offer("running", STANDARD, 0.0) == Admit("running")
+    for entry_id, priority, arrival_s in arrivals:
+        assert policy.offer(entry_id, priority, arrival_s) == Queue(entry_id)
+    assert policy.queued_in_order(6.0) == expected
+    assert drain_order(policy, "running", 6.0) == expected
+
+
+def test_release_starts_in_order_as_many_as_slots_free():
+    policy = make(capacity=2)
+    for entry_id in ("r1", "r2"):
+        assert policy.offer(entry_id, STANDARD, 0.0) == Admit(entry_id)
+    for entry_id, priority in [("b", BATCH), ("s", STANDARD), ("i", INTERACTIVE)]:
+        policy.offer(entry_id, priority, 1.0)
+    assert policy.release("r1", 2.0) == ["i"]
+    assert policy.set_capacity(4, 2.0) == ["s", "b"]  # a new replica came up
+    assert policy.num_in_flight == 4 and policy.num_queued == 0
+    assert policy.offer("n", STANDARD, 3.0) == Queue("n")
+    assert policy.release("r2", 4.0) == ["n"]
+    assert policy.release("i", 4.0) == []
+
+
+# -- bounds: queue full, timeout --------------------------------------------------------
+
+
+def test_queue_full_rejects_with_retry_after():
+    policy = make(capacity=1, max_queue_len=2, min_retry_after_s=1.0)
+    policy.offer("r", STANDARD, 0.0)
+    policy.offer("q1", STANDARD, 0.0)
+    policy.offer("q2", STANDARD, 0.0)
+    decision = policy.offer("q3", STANDARD, 0.0)
+    assert decision == Reject("q3", "queue_full", 1.0)  # no completion seen: the floor
+    assert not policy.is_queued("q3") and not policy.is_in_flight("q3")
+
+
+# capacity, max_queue_len, service times of earlier completions, queued, expected retry_after_s
+RETRY_AFTER_CASES = {
+    "no completions yet: min_retry_after_s": (2, 2, [], 2, 1.0),
+    "queue / service rate": (2, 4, [10.0], 4, 20.0),
+    "capped at max_queue_wait_s": (1, 10, [10.0], 10, 30.0),
+    "floored at min_retry_after_s": (8, 2, [0.1], 2, 1.0),
+    "mean follows completions slowly": (1, 1, [10.0, 20.0], 1, 11.0),
+}
+
+
+@pytest.mark.parametrize("capacity, max_queue_len, service_times_s, num_queued, retry_after_s",
+                         RETRY_AFTER_CASES.values(), ids=RETRY_AFTER_CASES)
+def test_retry_after_estimates_time_to_work_off_the_queue(
+        capacity, max_queue_len, service_times_s, num_queued, retry_after_s):
+    policy = make(capacity=capacity, max_queue_len=max_queue_len)
+    now_s = 0.0
+    for i, service_s in enumerate(service_times_s):
+        policy.offer(f"done{i}", STANDARD, now_s)
+        now_s += service_s
+        policy.release(f"done{i}", now_s)
+    for i in range(capacity):
+        assert isinstance(policy.offer(f"run{i}", STANDARD, now_s), Admit)
+    for i in range(num_queued):
+        assert isinstance(policy.offer(f"q{i}", STANDARD, now_s), Queue)
+    decision = policy.offer("late", STANDARD, now_s)
+    assert decision == Reject("late", "queue_full", pytest.approx(retry_after_s))
+
+
+def test_zero_capacity_queues_and_says_to_wait_long():
+    # No live replica yet (scale from zero): requests queue for the autoscaler to see.
+    policy = make(capacity=0, max_queue_len=1, max_queue_wait_s=20.0)
+    assert policy.offer("a", STANDARD, 0.0) == Queue("a")
+    assert policy.offer("b", STANDARD, 0.0) == Reject("b", "queue_full", 20.0)
+    assert policy.set_capacity(1, 5.0) == ["a"]
+
+
+def test_zero_length_queue_rejects_whatever_cannot_start():
+    policy = make(capacity=1, max_queue_len=0)
+    assert policy.offer("a", INTERACTIVE, 0.0) == Admit("a")
+    assert isinstance(policy.offer("b", INTERACTIVE, 0.0), Reject)
+
+
+# (displace flag, queued priorities, newcomer priority, ageing_s, now_s, expected displaced id)
+DISPLACE_CASES = {
+    "interactive displaces the newest batch": (True, [BATCH, BATCH], INTERACTIVE, 0, 1.0, "q1"),
+    "least urgent goes first": (True, [STANDARD, BATCH, STANDARD], INTERACTIVE, 0, 1.0, "q1"),
+    "equal priority does not displace": (True, [STANDARD, STANDARD], STANDARD, 0, 1.0, None),
+    "less urgent does not displace": (True, [INTERACTIVE], BATCH, 0, 1.0, None),
+    "aged batch holds its place": (True, [BATCH], INTERACTIVE, 10.0, 25.0, None),
+    "off when configured": (False, [BATCH, BATCH], INTERACTIVE, 0, 1.0, None),
+}
+
+
+@pytest.mark.parametrize("displace, queued, newcomer, ageing_s, now_s, displaced",
+                         DISPLACE_CASES.values(), ids=DISPLACE_CASES)
+def test_full_queue_makes_room_for_more_urgent(
+        displace, queued, newcomer, ageing_s, now_s, displaced):
+    policy = make(capacity=1, max_queue_len=len(queued), ageing_s=ageing_s,
+                  displace_lower_priority=displace)
+    policy.offer("r", STANDARD, 0.0)
+    for i, priority in enumerate(queued):
+        assert policy.offer(f"q{i}", priority, 0.0) == Queue(f"q{i}")
+    decision = policy.offer("new", newcomer, now_s)
+    if displaced is None:
+        assert decision == Reject("new", "queue_full", 1.0)
+    else:
+        assert decision == Queue("new", Reject(displaced, "queue_full", 1.0))
+        assert policy.is_queued("new") and not policy.is_queued(displaced)
+        assert policy.num_queued == len(queued)
+
+
+# (max_queue_wait_s, [(id, arrival_s, priority)], poll at, expired ids in order)
+TIMEOUT_CASES = {
+    "not yet at the bound": (10.0, [("a", 0.0, STANDARD)], 10.0, []),
+    "just past the bound": (10.0, [("a", 0.0, STANDARD)], 10.001, ["a"]),
+    "only the old ones": (10.0, [("a", 0.0, STANDARD), ("b", 5.0, STANDARD)], 12.0, ["a"]),
+    "across priorities, oldest first": (
+        10.0, [("b", 0.0, BATCH), ("i", 1.0, INTERACTIVE), ("s", 2.0, STANDARD),
+               ("young", 9.0, BATCH)], 15.0, ["b", "i", "s"]),
+}
+
+
+@pytest.mark.parametrize("max_queue_wait_s, arrivals, poll_s, expired",
+                         TIMEOUT_CASES.values(), ids=TIMEOUT_CASES)
+def test_poll_expires_entries_that_waited_too_long(max_queue_wait_s, arrivals, poll_s, expired):
+    policy = make(capacity=1, max_queue_wait_s=max_queue_wait_s)
+    policy.offer("r", STANDARD, 0.0)
+    for entry_id, arrival_s, priority in arrivals:
+        policy.offer(entry_id, priority, arrival_s)
+    rejects = policy.poll(poll_s)
+    assert [r.entry_id for r in rejects] == expired
+    assert all(r.reason == "queue_timeout" and r.retry_after_s >= 1.0 for r in rejects)
+    assert not any(policy.is_queued(e) for e in expired)
+    assert policy.num_queued == len(arrivals) - len(expired)
+    assert policy.poll(poll_s) == []  # each expires once
+
+
+# -- ageing ------------------------------------------------------------------------------
+
+# (ageing_s, interactive arrives at, release at, who starts first)
+AGEING_CASES = {
+    "off: interactive always first": (0.0, 1000.0, 5000.0, "interactive"),
+    "one level gained is not enough": (10.0, 15.0, 19.99, "interactive"),
+    "two levels gained: older batch passes": (10.0, 15.0, 20.0, "batch"),
+    "interactive also ages, so batch needs its lead": (10.0, 5.0, 20.0, "interactive"),
+    "long wait": (1.0, 100.0, 101.0, "batch"),
+}
+
+
+@pytest.mark.parametrize("ageing_s, interactive_s, release_s, first",
+                         AGEING_CASES.values(), ids=AGEING_CASES)
+def test_ageing_lets_old_batch_pass_newer_interactive(ageing_s, interactive_s, release_s, first):
+    policy = make(capacity=1, max_queue_wait_s=10_000.0, ageing_s=ageing_s)
+    policy.offer("r", STANDARD, 0.0)
+    policy.offer("batch", BATCH, 0.0)
+    policy.offer("interactive", INTERACTIVE, interactive_s)
+    assert policy.release("r", release_s) == [first]
+
+
+@pytest.mark.parametrize("priority, waited_s, ageing_s, effective", [
+    (2, 0.0, 10.0, 2), (2, 9.99, 10.0, 2), (2, 10.0, 10.0, 1), (2, 25.0, 10.0, 0),
+    (2, 35.0, 10.0, -1), (2, 1e6, 0.0, 2), (0, -5.0, 10.0, 0),
+])
+def test_effective_priority(priority, waited_s, ageing_s, effective):
+    assert make(ageing_s=ageing_s).effective_priority(priority, waited_s) == effective
+
+
+# -- cancel, capacity changes, misuse ----------------------------------------------------------
+
+
+def test_cancel_removes_only_queued_entries():
+    policy = make(capacity=1)
+    policy.offer("r", STANDARD, 0.0)
+    policy.offer("a", STANDARD, 1.0)
+    policy.offer("b", STANDARD, 2.0)
+    assert policy.cancel("a") is True
+    assert policy.cancel("a") is False  # already gone
+    assert policy.cancel("r") is False  # running: the caller releases it instead
+    assert policy.cancel("never") is False
+    assert policy.release("r", 3.0) == ["b"]
+    assert policy.poll(1000.0) == []
+
+
+def test_capacity_shrink_admits_nothing_until_in_flight_drops_below():
+    policy = make(capacity=4)
+    for i in range(4):
+        assert policy.offer(f"r{i}", STANDARD, 0.0) == Admit(f"r{i}")
+    assert policy.set_capacity(2, 1.0) == []  # two replicas died; running work goes on
+    assert policy.offer("q", STANDARD, 1.0) == Queue("q")
+    assert policy.release("r0", 2.0) == []  # 3 in flight, capacity 2
+    assert policy.release("r1", 2.0) == []  # 2 in flight: still full
+    assert policy.release("r2", 2.0) == ["q"]
+    assert policy.num_in_flight == 2
+
+
+def test_misuse_is_loud():
+    policy = make(capacity=1)
+    policy.offer("a", STANDARD, 0.0)
+    policy.offer("b", STANDARD, 0.0)
+    for entry_id in ("a", "b"):
+        with pytest.raises(ValueError):
+            policy.offer(entry_id, STANDARD, 1.0)
+    with pytest.raises(KeyError):
+        policy.release("b", 1.0)  # queued, not running
+    policy.release("a", 1.0)
+    with pytest.raises(KeyError):
+        policy.release("a", 1.0)  # double release
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(capacity=-1), dict(max_queue_len=-1), dict(max_queue_wait_s=0),
+    dict(max_queue_wait_s=float("inf")), dict(ageing_s=-1), dict(min_retry_after_s=-1),
+])
+def test_bad_parameters(kwargs):
+    with pytest.raises(ValueError):
+        make(**kwargs)
+
+
+# -- randomised invariants ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_sequences_keep_invariants(seed):
+    rng = random.Random(seed)
+    policy = make(capacity=rng.randint(0, 4), max_queue_len=rng.randint(0, 6),
+                  max_queue_wait_s=rng.uniform(1, 20), ageing_s=rng.choice([0.0, 0.5, 3.0]),
+                  displace_lower_priority=rng.random() < 0.5)
+    offered: list[str] = []
+    outcome: dict[str, str] = {}  # id -> "admitted" | "rejected" | "cancelled", set once
+    running: set[str] = set()
+    now_s = 0.0
+
+    def settle(entry_id: str, fate: str) -> None:
+        assert entry_id not in outcome, f"{entry_id} decided twice"
+        outcome[entry_id] = fate
+
+    def started(ids: list[str], expected_order: list[str]) -> None:
+        assert ids == expected_order[:len(ids)]  # the most urgent start, in order
+        for entry_id in ids:
+            settle(entry_id, "admitted")
+            running.add(entry_id)
+        if ids:
+            assert policy.num_in_flight <= policy.capacity
+
+    for step in range(400):
+        now_s += rng.expovariate(2.0)
+        op = rng.random()
+        order = policy.queued_in_order(now_s)
+        if op < 0.45:
+            entry_id = f"e{step}"
+            offered.append(entry_id)
+            decision = policy.offer(entry_id, rng.choice([0, 1, 2]), now_s)
+            if isinstance(decision, Admit):
+                assert policy.num_in_flight <= policy.capacity
+                settle(entry_id, "admitted")
+                running.add(entry_id)
+            elif isinstance(decision, Reject):
+                assert decision.retry_after_s > 0
+                settle(entry_id, "rejected")
+            elif decision.displaced is not None:
+                settle(decision.displaced.entry_id, "rejected")
+        elif op < 0.75 and running:
+            entry_id = rng.choice(sorted(running))
+            running.remove(entry_id)
+            started(policy.release(entry_id, now_s), order)
+        elif op < 0.85 and order:
+            entry_id = rng.choice(order)
+            assert policy.cancel(entry_id)
+            settle(entry_id, "cancelled")
+        elif op < 0.95:
+            for reject in policy.poll(now_s):
+                settle(reject.entry_id, "rejected")
+        else:
+            started(policy.set_capacity(rng.randint(0, 4), now_s), order)
+
+        queued = set(policy.queued_in_order(now_s))
+        assert queued.isdisjoint(running)
+        assert all(policy.is_in_flight(e) for e in running)
+        assert policy.num_in_flight == len(running)
+        assert policy.num_queued == len(queued) <= 6
+        assert sum(policy.num_queued_by_priority().values()) == len(queued)
+        if queued:  # nothing waits while a slot is free
+            assert policy.num_in_flight >= policy.capacity
+        assert queued.isdisjoint(outcome)  # a decided entry is not still queued
+
+    # Drain: everything still queued starts or times out; nothing is lost.
+    now_s += 1.0
+    order = policy.queued_in_order(now_s)
+    started(policy.set_capacity(max(policy.capacity, 1), now_s), order)
+    while running or policy.num_queued:
+        now_s += 0.5
+        for reject in policy.poll(now_s):
+            settle(reject.entry_id, "rejected")
+        if running:
+            order = policy.queued_in_order(now_s)
+            entry_id = sorted(running)[0]
+            running.remove(entry_id)
+            started(policy.release(entry_id, now_s), order)
+    assert policy.num_in_flight == 0 and policy.num_queued == 0
+    assert sorted(outcome) == sorted(offered)  # every request got exactly one answer

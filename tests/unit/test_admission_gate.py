@@ -1,0 +1,567 @@
+"""The Router's door (deployments/admission_gate.py): rate limits, concurrency caps, the queue.
+
+No Ray, no vLLM: a Gate over a small AppConfig, with a fake clock that tests move by hand.
+Queued requests are asyncio tasks; `settle()` lets their futures resolve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from deployments.admission_gate import Gate, Ticket
+from serve_app.config import AppConfig, TenantConfig
+from serve_app.openai_protocol import OpenAIError
+
+MODEL = "m"
+
+
+class FakeClock:
+    """A plain mutable float, read by the gate through __call__."""
+
+    def __init__(self, now_s: float = 1000.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make_gate(
+    *tenants: dict,
+    max_ongoing_requests: int = 1,
+    num_replicas: int = 1,
+    num_router_replicas: int = 1,
+    clock: FakeClock | None = None,
+    **admission,
+) -> tuple[Gate, dict[str, TenantConfig], FakeClock]:
+    tenants = tenants or ({"name": "t"},)
+    config = AppConfig.model_validate({
+        "models": [{
+            "name": MODEL,
+            "source": "org/m",
+            "deployment": {"num_replicas": num_replicas,
+                           "max_ongoing_requests": max_ongoing_requests},
+        }],
+        "tenants": list(tenants),
+        "admission": {"anonymous_tenant": None, "max_queue_len": 8, "max_queue_wait_s": 30.0,
+                      "ageing_s": 0, **admission},
+    })  # fmt: skip
+    clock = clock or FakeClock()
+    gate = Gate(config, config.tenants, num_router_replicas, clock=clock)
+    return gate, {t.name: t for t in config.tenants}, clock
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def spawn(gate: Gate, tenant: TenantConfig, *, num_tokens: int = 10, timeout_s: float = 60.0):
+    return asyncio.create_task(gate.admit(tenant, MODEL, num_tokens, timeout_s))
+
+
+def state(gate: Gate) -> tuple[int, int]:
+    s = gate.snapshot()[MODEL]
+    return s["in_flight"], s["queued"]
+
+
+def assert_idle(gate: Gate) -> None:
+    assert state(gate) == (0, 0), gate.snapshot()
+
+
+async def refused(awaitable) -> OpenAIError:
+    with pytest.raises(OpenAIError) as e:
+        await awaitable
+    return e.value
+
+
+def remaining(gate: Gate, tenant: TenantConfig, kind: str) -> int:
+    return int(gate.rate_headers(tenant)[f"x-ratelimit-remaining-{kind}"])
+
+
+# ----------------------------------------------------------------------------- rate limits
+
+LIMITED = {
+    "name": "t",
+    "rate_limits": {"requests_per_s": 1, "max_burst_requests": 2, "tokens_per_min": 600},
+}
+
+
+async def test_over_the_request_rate_is_429_with_retry_after_and_ratelimit_headers():
+    gate, tenants, clock = make_gate(LIMITED, max_ongoing_requests=10)
+    t = tenants["t"]
+    tickets = [await gate.admit(t, MODEL, 10, 60) for _ in range(2)]
+    assert tickets[0].rate_headers["x-ratelimit-limit-requests"] == "2"
+    assert tickets[1].rate_headers["x-ratelimit-remaining-requests"] == "0"
+
+    e = await refused(gate.admit(t, MODEL, 10, 60))
+    assert (e.status, e.code, e.type) == (429, "rate_limit_exceeded", "rate_limit_error")
+    assert "requests" in e.message
+    assert int(e.headers["Retry-After"]) >= 1
+    for kind in ("requests", "tokens"):
+        for name in ("limit", "remaining", "reset"):
+            assert f"x-ratelimit-{name}-{kind}" in e.headers
+    assert e.headers["x-ratelimit-limit-requests"] == "2"
+    assert e.headers["x-ratelimit-limit-tokens"] == "600"
+    assert e.headers["x-ratelimit-remaining-requests"] == "0"
+    assert gate.num_rejected[(MODEL, "rate_limit")] == 1
+
+    clock.now_s += 1.0  # one request's worth of refill
+    tickets.append(await gate.admit(t, MODEL, 10, 60))
+    for ticket in tickets:
+        gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
+@pytest.mark.parametrize(
+    "rate_limits, first_tokens, second_tokens, limited_by",
+    [
+        ({"requests_per_s": 1, "max_burst_requests": 1}, 10, 10, "requests"),
+        ({"tokens_per_min": 100}, 80, 30, "tokens"),
+        ({"requests_per_s": 1, "max_burst_requests": 1, "tokens_per_min": 100}, 80, 30,
+         "requests and tokens"),
+    ],
+)  # fmt: skip
+async def test_a_refused_request_consumes_nothing(
+    rate_limits, first_tokens, second_tokens, limited_by
+):
+    gate, tenants, clock = make_gate({"name": "t", "rate_limits": rate_limits},
+                                     max_ongoing_requests=10)  # fmt: skip
+    t = tenants["t"]
+    ticket = await gate.admit(t, MODEL, first_tokens, 60)
+    before = gate.rate_headers(t)
+    for _ in range(3):
+        e = await refused(gate.admit(t, MODEL, second_tokens, 60))
+        assert e.status == 429 and f"for {limited_by} of" in e.message
+        assert int(e.headers["Retry-After"]) >= 1
+    assert gate.rate_headers(t) == before
+    assert state(gate) == (1, 0)
+    gate.finish(ticket, first_tokens)
+    assert_idle(gate)
+
+
+async def test_retry_after_is_the_time_until_the_tokens_are_back_rounded_up():
+    gate, tenants, clock = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 60}},
+                                     max_ongoing_requests=10)  # fmt: skip
+    t = tenants["t"]
+    gate.finish(await gate.admit(t, MODEL, 60, 60), 60)  # empties the bucket: 1 token/s back
+    e = await refused(gate.admit(t, MODEL, 5, 60))
+    assert e.headers["Retry-After"] == "5"
+    clock.now_s += 5
+    gate.finish(await gate.admit(t, MODEL, 5, 60), 5)
+    assert_idle(gate)
+
+
+async def test_a_request_that_can_never_fit_is_400_not_429():
+    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 100}})
+    e = await refused(gate.admit(tenants["t"], MODEL, 101, 60))
+    assert (e.status, e.code, e.param) == (400, "request_too_large", "max_tokens")
+    assert "Retry-After" not in e.headers
+    assert remaining(gate, tenants["t"], "tokens") == 100
+    assert_idle(gate)
+
+
+async def test_unused_tokens_are_given_back_at_finish_and_overuse_is_charged():
+    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}},
+                                 max_ongoing_requests=10)  # fmt: skip
+    t = tenants["t"]
+    ticket = await gate.admit(t, MODEL, 300, 60)
+    assert remaining(gate, t, "tokens") == 700
+    gate.finish(ticket, 100)
+    assert remaining(gate, t, "tokens") == 900
+    ticket = await gate.admit(t, MODEL, 100, 60)
+    assert remaining(gate, t, "tokens") == 800
+    gate.finish(ticket, 400)  # used more than reserved (a low prompt estimate)
+    assert remaining(gate, t, "tokens") == 500
+    assert_idle(gate)
+
+
+# ------------------------------------------------------------------------- concurrency cap
+
+
+async def test_over_the_concurrency_cap_is_429_and_gives_the_tokens_back():
+    gate, tenants, _ = make_gate(
+        {"name": "t", "max_concurrent_requests": 2, "rate_limits": {"tokens_per_min": 1000}},
+        max_ongoing_requests=10,
+    )
+    t = tenants["t"]
+    first = [await gate.admit(t, MODEL, 100, 60) for _ in range(2)]
+    assert remaining(gate, t, "tokens") == 800
+    e = await refused(gate.admit(t, MODEL, 100, 60))
+    assert (e.status, e.code) == (429, "concurrency_limit_exceeded")
+    assert int(e.headers["Retry-After"]) >= 1
+    assert remaining(gate, t, "tokens") == 800  # the refused request's reservation came back
+    assert state(gate) == (2, 0)
+    assert gate.num_rejected[(MODEL, "concurrency")] == 1
+
+    gate.finish(first[0], 0)
+    third = await gate.admit(t, MODEL, 100, 60)  # a unit is free again
+    for ticket in (first[1], third):
+        gate.finish(ticket, 0)
+    assert_idle(gate)
+
+
+async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
+    gate, tenants, _ = make_gate({"name": "a", "max_concurrent_requests": 1}, {"name": "b"},
+                                 max_ongoing_requests=1)  # fmt: skip
+    a, b = tenants["a"], tenants["b"]
+    running = await gate.admit(b, MODEL, 10, 60)
+    queued = spawn(gate, a)  # waits in the queue, holding a's one unit
+    await settle()
+    assert state(gate) == (1, 1)
+    e = await refused(gate.admit(a, MODEL, 10, 60))
+    assert e.status == 429 and e.code == "concurrency_limit_exceeded"
+    other = spawn(gate, b)  # b is not capped
+    await settle()
+    assert state(gate) == (1, 2)
+    gate.finish(running, 10)
+    gate.finish(await queued, 10)
+    gate.finish(await other, 10)
+    assert_idle(gate)
+
+
+# ---------------------------------------------------------------------------------- queue
+
+TENANTS = (
+    {"name": "inter", "priority": "interactive"},
+    {"name": "std", "priority": "standard"},
+    {"name": "batch", "priority": "batch"},
+)
+
+
+async def test_an_interactive_request_queued_after_batch_ones_starts_first():
+    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1)
+    running = await gate.admit(tenants["batch"], MODEL, 10, 60)
+    order = [("b1", "batch"), ("b2", "batch"), ("s1", "std"), ("i1", "inter"), ("i2", "inter")]
+    tasks = {}
+    for name, tenant in order:
+        clock.now_s += 0.1
+        tasks[name] = spawn(gate, tenants[tenant])
+        await settle()
+    assert state(gate) == (1, 5)
+
+    started = []
+    while True:
+        clock.now_s += 1.0
+        gate.finish(running, 10)
+        await settle()
+        done = [name for name, task in tasks.items() if task.done() and name not in started]
+        if not done:
+            break
+        assert len(done) == 1  # capacity 1: one at a time
+        started.append(done[0])
+        running = tasks[done[0]].result()
+        assert state(gate) == (1, len(tasks) - len(started))
+    assert started == ["i1", "i2", "s1", "b1", "b2"]
+    assert isinstance(running, Ticket)
+    # b2 arrived 0.3 s before the last arrival and started at the 5th finish, 1 s apart.
+    assert tasks["b2"].result().queue_wait_s == pytest.approx(0.3 + 5.0)
+    assert_idle(gate)
+
+
+async def test_a_full_queue_is_503_with_retry_after():
+    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_len=2)
+    running = await gate.admit(tenants["batch"], MODEL, 10, 60)
+    waiting = [spawn(gate, tenants["std"]) for _ in range(2)]
+    await settle()
+    assert state(gate) == (1, 2)
+    for tenant in ("std", "batch"):  # no more urgent than what waits: refused
+        e = await refused(gate.admit(tenants[tenant], MODEL, 10, 60))
+        assert (e.status, e.code, e.type) == (503, "queue_full", "service_unavailable_error")
+        assert int(e.headers["Retry-After"]) >= 1
+    assert gate.num_rejected[(MODEL, "queue_full")] == 2
+    assert state(gate) == (1, 2)
+    gate.finish(running, 10)
+    for task in waiting:
+        await settle()
+        gate.finish(await task, 10)
+    assert_idle(gate)
+
+
+async def test_a_full_queue_displaces_its_least_urgent_entry_for_an_interactive_one():
+    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_len=2)
+    running = await gate.admit(tenants["batch"], MODEL, 10, 60)
+    older = spawn(gate, tenants["batch"])
+    newer = spawn(gate, tenants["batch"])
+    await settle()
+    urgent = spawn(gate, tenants["inter"])
+    await settle()
+    e = await refused(newer)  # the newest batch entry makes room
+    assert (e.status, e.code) == (503, "queue_full") and int(e.headers["Retry-After"]) >= 1
+    assert not older.done() and state(gate) == (1, 2)
+    gate.finish(running, 10)
+    await settle()
+    assert urgent.done() and not older.done()
+    gate.finish(urgent.result(), 10)
+    await settle()
+    gate.finish(await older, 10)
+    assert_idle(gate)
+
+
+async def test_a_queued_request_past_its_timeout_gets_504_and_leaves_nothing_queued():
+    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}})
+    t = tenants["t"]
+    running = await gate.admit(t, MODEL, 100, 60)
+    # The deadline while queued runs on the event loop's timer: a short real timeout.
+    e = await refused(gate.admit(t, MODEL, 100, timeout_s=0.01))
+    assert (e.status, e.code, e.type) == (504, "deadline_exceeded", "timeout_error")
+    assert gate.num_rejected[(MODEL, "deadline")] == 1
+    assert state(gate) == (1, 0)
+    assert remaining(gate, t, "tokens") == 900  # the timed-out reservation came back
+    gate.finish(running, 100)
+    assert_idle(gate)
+    gate.finish(await gate.admit(t, MODEL, 100, 60), 100)  # the queue still works
+    assert_idle(gate)
+
+
+async def test_tick_expires_entries_queued_longer_than_max_queue_wait_s():
+    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_wait_s=5.0)
+    running = await gate.admit(tenants["std"], MODEL, 10, 60)
+    old = spawn(gate, tenants["batch"])
+    await settle()
+    clock.now_s += 3.0
+    young = spawn(gate, tenants["batch"])
+    await settle()
+    clock.now_s += 2.5  # old waited 5.5 s, young 2.5 s
+    gate.tick()
+    e = await refused(old)
+    assert (e.status, e.code) == (503, "queue_timeout") and int(e.headers["Retry-After"]) >= 1
+    assert not young.done() and state(gate) == (1, 1)
+    gate.finish(running, 10)
+    await settle()
+    gate.finish(await young, 10)
+    assert_idle(gate)
+
+
+async def test_an_expired_entry_does_not_fill_the_queue_for_a_newcomer_between_ticks():
+    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_len=1,
+                                     max_queue_wait_s=5.0)  # fmt: skip
+    running = await gate.admit(tenants["std"], MODEL, 10, 60)
+    stale = spawn(gate, tenants["batch"], timeout_s=2)  # real seconds: bounds a regression
+    await settle()
+    clock.now_s += 6.0  # stale is past max_queue_wait_s, but no tick() has run yet
+    fresh = spawn(gate, tenants["batch"])
+    await settle()
+    e = await refused(stale)
+    assert e.code == "queue_timeout"
+    assert not fresh.done() and state(gate) == (1, 1)
+    gate.finish(running, 10)
+    await settle()
+    gate.finish(await fresh, 10)
+    assert_idle(gate)
+
+
+async def test_a_cancelled_waiter_leaves_nothing_queued_or_in_flight():
+    gate, tenants, _ = make_gate(
+        {"name": "t", "max_concurrent_requests": 2, "rate_limits": {"tokens_per_min": 1000}}
+    )
+    t = tenants["t"]
+    running = await gate.admit(t, MODEL, 100, 60)
+    waiter = spawn(gate, t, num_tokens=100)
+    await settle()
+    assert state(gate) == (1, 1)
+    waiter.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert state(gate) == (1, 0)
+    assert remaining(gate, t, "tokens") == 900
+    # Its concurrency unit is back: the tenant can queue another (cap 2).
+    again = spawn(gate, t, num_tokens=100)
+    await settle()
+    assert state(gate) == (1, 1)
+    gate.finish(running, 100)
+    await settle()
+    gate.finish(await again, 100)
+    assert_idle(gate)
+
+
+async def test_a_waiter_cancelled_right_after_its_slot_was_granted_gives_the_slot_on():
+    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=1)
+    running = await gate.admit(tenants["std"], MODEL, 10, 60)
+    first = spawn(gate, tenants["std"])
+    await settle()
+    second = spawn(gate, tenants["std"])
+    await settle()
+    gate.finish(running, 10)  # grants first's future, but its task has not run yet
+    first.cancel()
+    try:
+        ticket = await first
+    except asyncio.CancelledError:
+        ticket = None  # the slot went on to the next in line
+    else:
+        # Python 3.11's wait_for returns a result that is already there instead of
+        # raising: then the caller holds the ticket and must finish it.
+        assert state(gate) == (1, 1) and not second.done()
+        gate.finish(ticket, 0)
+    await settle()
+    assert second.done()
+    assert state(gate) == (1, 0)
+    gate.finish(second.result(), 10)
+    assert_idle(gate)
+
+
+async def test_finish_twice_is_harmless():
+    gate, tenants, _ = make_gate(
+        {"name": "t", "max_concurrent_requests": 1, "rate_limits": {"tokens_per_min": 1000}}
+    )
+    t = tenants["t"]
+    ticket = await gate.admit(t, MODEL, 100, 60)
+    gate.finish(ticket, 50)
+    gate.finish(ticket, 50)
+    gate.finish(ticket, 0)
+    assert ticket.finished
+    assert_idle(gate)
+    assert remaining(gate, t, "tokens") == 950  # settled once
+    # The concurrency unit was given back once: the cap of 1 still holds.
+    held = await gate.admit(t, MODEL, 10, 60)
+    e = await refused(gate.admit(t, MODEL, 10, 60))
+    assert e.code == "concurrency_limit_exceeded"
+    gate.finish(held, 10)
+    assert_idle(gate)
+
+
+async def test_ticket_carries_the_deadline_and_the_queue_wait_on_the_gate_clock():
+    gate, tenants, clock = make_gate({"name": "t"}, max_ongoing_requests=1)
+    t = tenants["t"]
+    running = await gate.admit(t, MODEL, 10, 30)
+    assert running.deadline_s == clock.now_s + 30 and running.queue_wait_s == 0
+    start_s = clock.now_s
+    waiter = spawn(gate, t, timeout_s=20)
+    await settle()
+    clock.now_s += 4
+    gate.finish(running, 10)
+    ticket = await waiter
+    assert ticket.deadline_s == start_s + 20
+    assert ticket.queue_wait_s == 4
+    assert (ticket.tenant, ticket.model, ticket.num_reserved_tokens) == ("t", MODEL, 10)
+    gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
+# -------------------------------------------------------------------- replicas and capacity
+
+
+async def test_zero_live_replicas_queue_everything_until_one_comes_back():
+    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=2)
+    gate.set_live_replicas(MODEL, 0)
+    assert gate.snapshot()[MODEL]["capacity"] == 0
+    tasks = [spawn(gate, tenants["batch"]), spawn(gate, tenants["inter"]),
+             spawn(gate, tenants["std"])]  # fmt: skip
+    await settle()
+    assert state(gate) == (0, 3) and not any(t.done() for t in tasks)
+    gate.set_live_replicas(MODEL, 1)  # capacity 2: the two most urgent start
+    await settle()
+    assert [t.done() for t in tasks] == [False, True, True]
+    assert state(gate) == (2, 1)
+    gate.finish(tasks[1].result(), 10)
+    await settle()
+    assert tasks[0].done()
+    for t in tasks[0], tasks[2]:
+        gate.finish(t.result(), 10)
+    assert_idle(gate)
+
+
+async def test_shrinking_capacity_never_stops_running_requests():
+    gate, tenants, _ = make_gate({"name": "t"}, max_ongoing_requests=2, num_replicas=2)
+    t = tenants["t"]
+    running = [await gate.admit(t, MODEL, 10, 60) for _ in range(4)]
+    gate.set_live_replicas(MODEL, 1)
+    waiter = spawn(gate, t)
+    await settle()
+    assert gate.snapshot()[MODEL] == {"capacity": 2, "in_flight": 4, "queued": 1}
+    gate.finish(running[0], 10)
+    gate.finish(running[1], 10)
+    await settle()
+    assert not waiter.done()  # in flight (2) is not below capacity (2) yet
+    gate.finish(running[2], 10)
+    await settle()
+    assert waiter.done()
+    gate.finish(running[3], 10)
+    gate.finish(waiter.result(), 10)
+    assert_idle(gate)
+
+
+@pytest.mark.parametrize(
+    "max_ongoing, num_replicas, num_router_replicas, expected",
+    [
+        (4, 1, 1, 4),
+        (4, 1, 2, 2),
+        (3, 1, 2, 2),  # ceil(1.5)
+        (1, 1, 2, 1),  # ceil(0.5): every Router replica can start something
+        (3, 3, 2, 5),  # ceil(4.5)
+        (64, 2, 3, 43),  # ceil(42.67)
+    ],
+)
+async def test_capacity_is_this_router_replicas_share_rounded_up(
+    max_ongoing, num_replicas, num_router_replicas, expected
+):
+    gate, _, _ = make_gate(max_ongoing_requests=max_ongoing, num_replicas=num_replicas,
+                           num_router_replicas=num_router_replicas)  # fmt: skip
+    assert gate.snapshot()[MODEL]["capacity"] == expected
+    gate.set_live_replicas(MODEL, 2 * num_replicas)
+    assert gate.snapshot()[MODEL]["capacity"] == math.ceil(
+        max_ongoing * 2 * num_replicas / num_router_replicas
+    )
+
+
+async def test_two_router_replicas_halve_the_request_rate_share():
+    gate, tenants, clock = make_gate(
+        {"name": "t",
+         "rate_limits": {"requests_per_s": 2, "max_burst_requests": 4, "tokens_per_min": 1200}},
+        max_ongoing_requests=10, num_router_replicas=2,
+    )  # fmt: skip
+    t = tenants["t"]
+    first = await gate.admit(t, MODEL, 10, 60)
+    assert first.rate_headers["x-ratelimit-limit-requests"] == "4"  # whole-app limits
+    assert first.rate_headers["x-ratelimit-limit-tokens"] == "1200"
+    assert first.rate_headers["x-ratelimit-remaining-requests"] == "2"  # 1 left / share 0.5
+    second = await gate.admit(t, MODEL, 10, 60)  # this replica's burst share: 4 / 2 = 2
+    e = await refused(gate.admit(t, MODEL, 10, 60))
+    assert (e.status, e.code) == (429, "rate_limit_exceeded")
+    assert e.headers["Retry-After"] == "1"  # refill at this replica's share: 1 request/s
+    clock.now_s += 1.0
+    third = await gate.admit(t, MODEL, 10, 60)
+    e = await refused(gate.admit(t, MODEL, 10, 60))
+    assert e.code == "rate_limit_exceeded"
+    for ticket in (first, second, third):
+        gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
+@pytest.mark.parametrize("cap, num_router_replicas, expected", [(3, 2, 2), (4, 2, 2), (1, 2, 1),
+                                                                (5, 1, 5)])  # fmt: skip
+async def test_router_replicas_share_the_concurrency_cap_rounded_up(
+    cap, num_router_replicas, expected
+):
+    gate, tenants, _ = make_gate({"name": "t", "max_concurrent_requests": cap},
+                                 max_ongoing_requests=10, num_router_replicas=num_router_replicas)
+    t = tenants["t"]
+    held = [await gate.admit(t, MODEL, 10, 60) for _ in range(expected)]
+    e = await refused(gate.admit(t, MODEL, 10, 60))
+    assert e.code == "concurrency_limit_exceeded"
+    for ticket in held:
+        gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
+async def test_two_router_replicas_halve_the_token_share():
+    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}},
+                                 max_ongoing_requests=10, num_router_replicas=2)  # fmt: skip
+    t = tenants["t"]
+    ticket = await gate.admit(t, MODEL, 400, 60)
+    assert remaining(gate, t, "tokens") == 200  # (500 - 400) / share 0.5
+    e = await refused(gate.admit(t, MODEL, 200, 60))
+    assert e.status == 429 and "tokens" in e.message
+    gate.finish(ticket, 400)
+    assert_idle(gate)
+
+
+async def test_priority_levels_come_from_the_config():
+    gate, tenants, _ = make_gate(
+        {"name": "gold", "priority": "gold"}, {"name": "lead", "priority": "lead"},
+        priority_levels={"gold": 5, "lead": 9},
+    )  # fmt: skip
+    assert gate.priority(tenants["gold"]) == 5
+    assert gate.priority(tenants["lead"]) == 9
