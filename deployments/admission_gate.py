@@ -160,7 +160,11 @@ class Gate:
 
     def _rejection(self, model: str, r: Reject) -> OpenAIError:
         self.num_rejected[(model, r.reason)] += 1
-        what = "queue is full" if r.reason == "queue_full" else "request waited too long"
+        what = {
+            "queue_full": "queue is full",
+            "queue_timeout": "request waited too long",
+            "queue_wait": "expected queue wait is longer than allowed",
+        }[r.reason]
         return OpenAIError(
             503, f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
             code=r.reason, headers={"Retry-After": _retry_after(r.retry_after_s)},

@@ -11,9 +11,12 @@ Cancelling the handle's response (or the caller going away) aborts the engine re
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -35,7 +38,12 @@ class LLMServer:
         # Idempotent: a no-op when the model is already prepared on this node.
         path = model_source.resolve(model, Path(cache_dir))
         self._model = model
+        self._health = model.health
         self._num_requests_total = 0
+        self._last_output_s = time.monotonic()
+        self._unhealthy_reason: str | None = None
+        self._num_probing = 0  # health probes in the engine, kept out of the reported stats
+        self._replica_id = _replica_id()
         self._engine: Engine
         if path == "simulated":
             from deployments.sim_engine import SimEngine
@@ -47,38 +55,110 @@ class LLMServer:
 
             self._engine = VLLMEngine(model, path)
         await self._engine.start()
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
 
     async def generate(
         self, request: GenerationRequest
     ) -> AsyncIterator[GenerationChunk | GenerationError]:
+        if self._unhealthy_reason is not None:
+            # Say so before any output, so that the Router retries on another replica.
+            yield GenerationError(503, f"replica unavailable: {self._unhealthy_reason}",
+                                  type="service_unavailable_error", code="replica_unhealthy")  # fmt: skip
+            return
         self._num_requests_total += 1
+        self._last_output_s = time.monotonic()  # progress is measured from a request's start
         gen = self._engine.generate(request)
+        first = True
         try:
             async for item in gen:
+                self._last_output_s = time.monotonic()
+                if first and isinstance(item, GenerationChunk):
+                    item = dataclasses.replace(item, replica_id=self._replica_id)
+                first = False
                 yield item
         finally:
             # Runs on cancellation too: closing the engine stream aborts the engine request.
             await gen.aclose()
 
-    def stats(self) -> EngineStats:
+    def _client_stats(self) -> EngineStats:
         s = self._engine.stats()
+        if not self._num_probing:
+            return s
         return dataclasses.replace(
-            s, extra={**s.extra, "model": self._model.name,
+            s, num_running=max(0, s.num_running - self._num_probing),
+            num_unfinished=max(0, s.num_unfinished - self._num_probing),
+        )  # fmt: skip
+
+    def stats(self) -> EngineStats:
+        s = self._client_stats()
+        return dataclasses.replace(
+            s, extra={**s.extra, "model": self._model.name, "replica_id": self._replica_id,
                       "num_requests_total": self._num_requests_total}
         )  # fmt: skip
 
     async def check_health(self) -> None:
+        """Fails when the engine died or hangs; Serve then replaces this replica."""
+        if self._unhealthy_reason is not None:
+            raise RuntimeError(self._unhealthy_reason)
         await self._engine.check_health()
+        if self._engine.stats().num_unfinished == 0:
+            await self._probe()
+
+    async def _probe(self) -> None:
+        # An idle engine must still answer: one token, or the replica is declared hung.
+        probe = GenerationRequest(f"health-{uuid.uuid4().hex}", prompt="ping", max_tokens=1,
+                                  priority=-1 if self._model.engine.scheduling_policy ==
+                                  "priority" else 0)  # fmt: skip
+        self._num_probing += 1
+        try:
+            async with asyncio.timeout(self._health.probe_timeout_s):
+                async for _ in self._engine.generate(probe):
+                    pass
+        except TimeoutError:
+            self._unhealthy_reason = f"one-token probe took over {self._health.probe_timeout_s} s"
+            raise RuntimeError(self._unhealthy_reason) from None
+        finally:
+            self._num_probing -= 1
+
+    async def _watch_engine(self) -> None:
+        while True:
+            await asyncio.sleep(self._health.watchdog_period_s)
+            s = self._client_stats()  # a health probe in the engine is not a stalled request
+            if not s.healthy:
+                # A dead engine never recovers: leave now, so that every router drops this
+                # replica at once (actor death) and Serve starts a replacement, instead of
+                # failing requests until the next health check.
+                logger.error("engine of %s died; replica %s exits", self._model.name,
+                             self._replica_id)  # fmt: skip
+                self._unhealthy_reason = "engine died"
+                await asyncio.sleep(0.5)  # let in-flight streams report their errors
+                os._exit(1)
+            stalled_s = time.monotonic() - self._last_output_s
+            if s.num_unfinished and stalled_s > self._health.hang_timeout_s:
+                self._unhealthy_reason = f"no engine output for {stalled_s:.0f} s"
+                logger.error("engine of %s hangs: %s", self._model.name, self._unhealthy_reason)
 
     async def record_routing_stats(self) -> dict:
-        s = self._engine.stats()
+        s = self._client_stats()
         return {
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "kv_cache_usage": s.kv_cache_usage,
+            "healthy": s.healthy and self._unhealthy_reason is None,
+            "timestamp_s": time.time(),
         }
 
     def __del__(self) -> None:
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:
+            watchdog.cancel()  # a deliberate shutdown is not an engine death
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # constructed outside a Serve replica (tests)
+        return "local"

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments.admission_gate import Gate, Ticket
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.generation import GenerationError
+from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import (
     OpenAIError,
     ResponseBuilder,
@@ -119,6 +120,7 @@ class Router:
         # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
         # deadlines (one timer for all instead of a timeout around every chunk).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
+        self._metrics = RouterMetrics()
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def _housekeeping(self) -> None:
@@ -131,6 +133,7 @@ class Router:
             if time.monotonic() - last_refresh > REPLICA_REFRESH_S:
                 last_refresh = time.monotonic()
                 await self._refresh_replicas()
+                self._metrics.export(self._gate.snapshot(), self._gate.num_rejected)
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -185,7 +188,8 @@ class Router:
         request.state.response_headers = {**self._gate.rate_headers(tenant),
                                           "x-llmserve-tenant": tenant.name}  # fmt: skip
         body = parse_json_body(await self._read_body(request))
-        stream = await self._open_stream(kind, body, tenant)
+        session = request.headers.get("x-session-id")
+        stream = await self._open_stream(kind, body, tenant, session[:128] if session else None)
         request.state.response_headers = {**stream.headers, "x-llmserve-tenant": tenant.name}
         if body.get("stream") is True:
             return EventSourceResponse(self._sse_events(stream), sep="\n", ping=15)
@@ -230,13 +234,17 @@ class Router:
         async for chunk in self._chunks(stream):
             yield chunk
 
+    def queue_stats(self) -> dict[str, dict[str, int]]:
+        """Per model: this Router replica's in-flight cap, in-flight count and queue depth."""
+        return self._gate.snapshot()
+
     def _auth(self, api_key: str | None) -> TenantConfig:
         return self._directory.authenticate(f"Bearer {api_key}" if api_key else None)
 
     # ---------------------------------------------------------------------------------- core
 
     async def _open_stream(
-        self, kind: Kind, body: dict[str, Any], tenant: TenantConfig
+        self, kind: Kind, body: dict[str, Any], tenant: TenantConfig, session_id: str | None = None
     ) -> _OpenStream:
         req = parse_request(kind, body)
         handle = self._handles.get(req.model)
@@ -260,26 +268,46 @@ class Router:
             headers["x-max-tokens-clamped"] = f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
         gen = dataclasses.replace(gen, max_tokens=terms.engine_max_tokens,
                                   priority=self._gate.priority(tenant))  # fmt: skip
-        stream: DeploymentResponseGenerator = handle.options(stream=True).generate.remote(gen)
-        self._dispatched[ticket.entry_id] = (ticket, stream)
+        session = session_id or req.user or ""
         try:
-            first = await self._next(stream, ticket)
-        except BaseException as e:
-            stream.cancel()  # the caller left, the deadline passed or the replica failed
+            stream, first = await self._dispatch(handle, gen, ticket, session)
+        except BaseException:
             self._gate.finish(ticket, 0)
-            if isinstance(e, (OpenAIError, asyncio.CancelledError)):
-                raise
-            if isinstance(e, StopAsyncIteration):
-                raise OpenAIError(500, "the engine ended the stream without output") from None
-            logger.warning("request %s failed before output: %r", response_id, e)
-            raise OpenAIError(503, f"model '{req.model}' is unavailable; retry shortly",
-                              headers={"Retry-After": "1"}) from None  # fmt: skip
-        if isinstance(first, GenerationError):
-            self._gate.finish(ticket, 0)
-            raise OpenAIError(first.status, first.message, param=first.param, code=first.code,
-                              type=first.type)  # fmt: skip
+            raise
+        if self._config.http.debug_headers and first.replica_id:
+            headers["x-replica"] = first.replica_id
         builder = ResponseBuilder(kind, response_id, req.model, req.n)
         return _OpenStream(builder, first, stream, req.include_usage, ticket, headers)
+
+    async def _dispatch(self, handle: DeploymentHandle, gen, ticket: Ticket, session: str):
+        """Sends to a replica and waits for its first item. A replica that fails before any
+        output (it died, or says it is unhealthy) costs one retry on another replica."""
+        for attempt in (1, 2):
+            options = {"stream": True, "session_id": session} if session else {"stream": True}
+            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(gen)
+            self._dispatched[ticket.entry_id] = (ticket, stream)
+            try:
+                first = await self._next(stream, ticket)
+            except (OpenAIError, asyncio.CancelledError):
+                stream.cancel()  # the caller left or the deadline passed
+                raise
+            except StopAsyncIteration:
+                raise OpenAIError(500, "the engine ended the stream without output") from None
+            except Exception as e:
+                stream.cancel()
+                logger.warning("request %s failed before output on attempt %d: %r",
+                               gen.request_id, attempt, e)  # fmt: skip
+                if attempt == 2:
+                    raise OpenAIError(503, "the model is unavailable; retry shortly",
+                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                continue
+            if isinstance(first, GenerationError):
+                if first.code == "replica_unhealthy" and attempt == 1:
+                    continue
+                raise OpenAIError(first.status, first.message, param=first.param,
+                                  code=first.code, type=first.type)  # fmt: skip
+            return stream, first
+        raise AssertionError("unreachable")
 
     async def _next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
         """The stream's next item, or a 504 once the request's deadline has cancelled it."""
@@ -303,6 +331,12 @@ class Router:
                     item = await self._next(s.rest, s.ticket)
                 except StopAsyncIteration:
                     break
+                except (OpenAIError, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # the replica or its engine died mid-generation
+                    logger.warning("request %s failed during generation: %r", s.builder.id, e)
+                    raise OpenAIError(503, "the model replica failed during generation; retry",
+                                      headers={"Retry-After": "1"}) from None  # fmt: skip
                 if isinstance(item, GenerationError):
                     raise OpenAIError(item.status, item.message, param=item.param, type=item.type)
                 for c in s.builder.add(item):
@@ -327,9 +361,8 @@ class Router:
                 yield _sse(chunk)
         except OpenAIError as e:
             yield _sse(e.body(), event="error")
-        except Exception as e:  # replica died mid-stream: tell the client, then close cleanly
-            logger.warning("stream %s failed: %r", s.builder.id, e)
-            err = OpenAIError(503, "the model replica failed during generation; retry")
-            yield _sse(err.body(), event="error")
+        except Exception:  # a bug of ours: still end the stream the way clients expect
+            logger.exception("stream %s failed", s.builder.id)
+            yield _sse(OpenAIError(500, "internal server error").body(), event="error")
         yield _sse("[DONE]")
 

@@ -188,7 +188,15 @@ class VLLMEngine:
             num_unfinished=unfinished,
             kv_cache_usage=kv,
             healthy=not engine.errored,
+            extra={"engine_pid": self._engine_pid()},
         )
+
+    def _engine_pid(self) -> int | None:
+        # The EngineCore process: what dies in a crash, and what the chaos tests kill.
+        manager = getattr(getattr(self._engine.engine_core, "resources", None), "engine_manager",
+                          None)  # fmt: skip
+        procs = getattr(manager, "processes", None) or []
+        return procs[0].pid if procs else None
 
     async def check_health(self) -> None:
         if self._engine is None:

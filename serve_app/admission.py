@@ -27,7 +27,8 @@ from typing import Literal
 
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
 
-RejectReason = Literal["queue_full", "queue_timeout"]
+# queue_wait: refused on arrival because its expected wait already exceeds max_queue_wait_s.
+RejectReason = Literal["queue_full", "queue_timeout", "queue_wait"]
 
 # Weight of the newest completion in the mean service time behind retry_after_s: it
 # follows load changes within tens of requests, and one runaway request barely moves it.
@@ -155,6 +156,10 @@ class AdmissionPolicy:
             self._in_flight[entry_id] = now_s
             return Admit(entry_id)
         entry = _Entry(entry_id, priority, now_s, next(self._seq))
+        wait_s = self._expected_wait_s(entry, now_s)
+        if wait_s is not None and wait_s > self._max_queue_wait_s:
+            # It would time out in the queue anyway: say so now, not after max_queue_wait_s.
+            return Reject(entry_id, "queue_wait", self._retry_after_s())
         if len(self._queued) < self._max_queue_len:
             self._push(entry)
             return Queue(entry_id)
@@ -241,6 +246,15 @@ class AdmissionPolicy:
             self._in_flight[best.entry_id] = now_s
             started.append(best.entry_id)
         return started
+
+    def _expected_wait_s(self, entry: _Entry, now_s: float) -> float | None:
+        """Seconds until `entry` would start: the entries ahead of it, worked off at the
+        observed service rate. None until a completion has been seen."""
+        if self._mean_service_s is None or self._capacity == 0:
+            return None
+        key = self._key(entry, now_s)
+        ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
+        return (ahead + 1) * self._mean_service_s / self._capacity
 
     def _retry_after_s(self) -> float:
         """When a refused client might be served: the time to work off today's queue at

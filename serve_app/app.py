@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from deployments.llm_server import LLMServer
 from deployments.router import Router
@@ -20,6 +21,31 @@ def deployment_name(model: ModelConfig) -> str:
     return "llm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", model.name)
 
 
+ROUTERS = {
+    "llm_aware": "deployments.request_router:LLMAwareRequestRouter",
+    "round_robin": "deployments.request_router:RoundRobinRequestRouter",
+}
+
+
+def request_router_config(model: ModelConfig) -> RequestRouterConfig | None:
+    r = model.routing
+    if r.policy == "ray_default":
+        return None
+    kwargs = {}
+    if r.policy == "llm_aware":
+        kwargs = {
+            "session_affinity": r.session_affinity,
+            "weights": {"waiting": r.waiting_weight, "kv_cache": r.kv_cache_weight,
+                        "max_affinity_score": r.max_affinity_score},
+        }  # fmt: skip
+    return RequestRouterConfig(
+        request_router_class=ROUTERS[r.policy],
+        request_router_kwargs=kwargs,
+        request_routing_stats_period_s=r.stats_period_s,
+        request_routing_stats_timeout_s=max(1.0, 2 * r.stats_period_s),
+    )
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
     cache_dir = config.cache_dir()
@@ -29,7 +55,10 @@ def build_app(args: dict[str, Any]) -> Application:
     handles = {}
     for model in config.models:
         d = model.deployment
+        routing = request_router_config(model)
+        extra = {"request_router_config": routing} if routing is not None else {}
         handles[model.name] = LLMServer.options(
+            **extra,
             name=deployment_name(model),
             num_replicas=d.num_replicas,
             max_ongoing_requests=d.max_ongoing_requests,

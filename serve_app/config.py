@@ -84,6 +84,27 @@ class DeploymentOptions(_Strict):
     )
 
 
+class HealthConfig(_Strict):
+    watchdog_period_s: float = Field(default=1.0, gt=0)
+    hang_timeout_s: float = Field(
+        default=60.0, gt=0, description="Requests pending and no output for this long: hung."
+    )
+    probe_timeout_s: float = Field(
+        default=20.0, gt=0, description="An idle engine must produce one token within this."
+    )
+
+
+class RoutingConfig(_Strict):
+    policy: Literal["llm_aware", "round_robin", "ray_default"] = "llm_aware"
+    stats_period_s: float = Field(default=1.0, gt=0, description="record_routing_stats period.")
+    session_affinity: bool = Field(
+        default=True, description="Same x-session-id (or `user`) -> same replica while healthy."
+    )
+    waiting_weight: float = Field(default=1.0, ge=0)
+    kv_cache_weight: float = Field(default=8.0, ge=0)
+    max_affinity_score: float = Field(default=32.0, ge=0)
+
+
 class SimulationConfig(_Strict):
     """Timing of the simulated engine (`source: simulated`), for load and policy tests."""
 
@@ -103,6 +124,8 @@ class ModelConfig(_Strict):
         default=256, gt=0, description="max_tokens when a request gives none."
     )
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
 
     @field_validator("name")
     @classmethod
@@ -124,6 +147,9 @@ class ModelConfig(_Strict):
 
 class HttpConfig(_Strict):
     max_request_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    debug_headers: bool = Field(
+        default=False, description="Add `x-replica` (the replica that served) to responses."
+    )
     max_n: int = Field(default=8, ge=1, description="Largest `n` (choices per request) accepted.")
 
 
@@ -145,7 +171,9 @@ class RateLimits(_Strict):
 class TenantConfig(_Strict):
     name: str
     api_keys: list[str] = Field(
-        default_factory=list, description="Inline keys: for demos and tests, not production."
+        default_factory=list,
+        repr=False,  # a logged config must not leak keys
+        description="Inline keys: for demos and tests, not production.",
     )
     api_key_env: list[str] = Field(
         default_factory=list, description="Names of environment variables holding keys."

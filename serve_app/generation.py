@@ -40,6 +40,7 @@ class GenerationChunk:
     choices: list[ChoiceDelta]
     num_prompt_tokens: int
     prompt_text: str | None = None  # set on the first chunk when `echo` was asked
+    replica_id: str | None = None  # set on the first chunk by the replica that serves it
 
 
 @dataclass(frozen=True)

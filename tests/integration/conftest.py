@@ -18,6 +18,7 @@ from serve_app import model_source
 from serve_app.config import AppConfig
 
 PORT = int(os.environ.get("LLMSERVE_TEST_PORT", "18000"))
+METRICS_PORT = int(os.environ.get("LLMSERVE_TEST_METRICS_PORT", "18080"))
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
 MAX_BODY_BYTES = 256 * 1024
@@ -120,7 +121,9 @@ def serve_app(model_dirs):
 
     from serve_app.app import build_app
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+             _metrics_export_port=METRICS_PORT,
+             _system_config={"metrics_report_interval_ms": 1000})  # fmt: skip
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     t0 = time.monotonic()
     serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")

@@ -14,6 +14,7 @@ from tests.integration.conftest import (
     DEFAULT,
     KEYS,
     MAX_QUEUE_LEN,
+    METRICS_PORT,
     SIM_PREFIX,
     SIM_RATE_PER_S,
     TINY,
@@ -110,7 +111,7 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
         else:
             assert r.status_code in (429, 503), (r.status_code, r.text)
             assert int(r.headers["Retry-After"]) >= 1
-            assert r.json()["error"]["code"] in ("rate_limit_exceeded", "queue_full")
+            assert r.json()["error"]["code"] in ("rate_limit_exceeded", "queue_full", "queue_wait")
     rejected = by_status.get(429, []) + by_status.get(503, [])
     print(f"\n{num_requests} requests: {len(by_status.get(200, []))} served, "
           f"{len(by_status.get(429, []))} x 429, {len(by_status.get(503, []))} x 503; "
@@ -125,6 +126,25 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
     assert health["in_flight"] == 0 and health["queued"] == 0
     served = engine_stats(DEFAULT).extra["num_requests_total"] - served_before
     assert served == len(by_status[200]), "the replica restarted or lost count"
+
+
+def test_queue_depth_and_rejections_reach_prometheus_export(serve_app):
+    """After the flood: Ray's metrics export carries the Router's queue and rejection series."""
+    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    wanted = ("ray_llmserve_queue_depth{", "ray_llmserve_rejections_total{")
+    deadline = time.monotonic() + 30
+    text = ""
+    while time.monotonic() < deadline:
+        text = httpx.get(url, timeout=5).text
+        if all(w in text for w in wanted) and 'reason="queue_full"' in text:
+            break
+        time.sleep(1)
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    print("\n" + "\n".join(lines[:6]))
+    depth = [line for line in lines if line.startswith(wanted[0]) and f'model="{DEFAULT}"' in line]
+    assert depth, "no queue depth series for the default model"
+    full = [line for line in lines if 'reason="queue_full"' in line and f'model="{DEFAULT}"' in line]
+    assert full and float(full[0].rsplit(" ", 1)[1]) > 0
 
 
 async def _ttft(client, tenant: str, i: int, max_tokens: int) -> float:

@@ -95,7 +95,6 @@ def test_queue_full_rejects_with_retry_after():
 RETRY_AFTER_CASES = {
     "no completions yet: min_retry_after_s": (2, 2, [], 2, 1.0),
     "queue / service rate": (2, 4, [10.0], 4, 20.0),
-    "capped at max_queue_wait_s": (1, 10, [10.0], 10, 30.0),
     "floored at min_retry_after_s": (8, 2, [0.1], 2, 1.0),
     "mean follows completions slowly": (1, 1, [10.0, 20.0], 1, 11.0),
 }
@@ -117,6 +116,20 @@ def test_retry_after_estimates_time_to_work_off_the_queue(
         assert isinstance(policy.offer(f"q{i}", STANDARD, now_s), Queue)
     decision = policy.offer("late", STANDARD, now_s)
     assert decision == Reject("late", "queue_full", pytest.approx(retry_after_s))
+
+
+def test_a_request_that_would_wait_too_long_is_refused_at_once():
+    policy = make(capacity=1, max_queue_len=10, max_queue_wait_s=30.0)
+    policy.offer("done", STANDARD, 0.0)
+    policy.release("done", 10.0)  # one completion: 10 s a request
+    assert isinstance(policy.offer("run", STANDARD, 10.0), Admit)
+    for i in range(3):  # expected waits 10, 20 and 30 s: within the limit
+        assert policy.offer(f"q{i}", STANDARD, 10.0) == Queue(f"q{i}")
+    # 40 s expected: refused now rather than after 30 s in the queue.
+    assert policy.offer("late", STANDARD, 10.0) == Reject("late", "queue_wait", 30.0)
+    assert not policy.is_queued("late")
+    # An interactive newcomer goes ahead of all three: 10 s expected, so it queues.
+    assert policy.offer("urgent", INTERACTIVE, 10.0) == Queue("urgent")
 
 
 def test_zero_capacity_queues_and_says_to_wait_long():
