@@ -24,15 +24,23 @@ from ray import serve
 
 from deployments.engine import Engine
 from serve_app import model_source
-from serve_app.config import ModelConfig
+from serve_app.config import ModelConfig, TracingConfig
+from serve_app import tracing as tracing_
 from serve_app.generation import EngineStats, GenerationChunk, GenerationError, GenerationRequest
+from serve_app.gpu import read_gpus
+from serve_app.metrics import ReplicaGpuMetrics
 
 logger = logging.getLogger("ray.serve")
+GPU_EXPORT_EVERY_TICKS = 5
 
 
 @serve.deployment
 class LLMServer:
-    async def __init__(self, model: ModelConfig, cache_dir: str) -> None:
+    async def __init__(
+        self, model: ModelConfig, cache_dir: str, tracing: TracingConfig | None = None
+    ) -> None:
+        tracing = tracing or TracingConfig()
+        tracing_.configure_tracing(tracing.exporter, tracing.file_path)
         if model.deployment.cpu_nice:
             os.nice(model.deployment.cpu_nice)  # inherited by the engine process it spawns
         # Idempotent: a no-op when the model is already prepared on this node.
@@ -55,6 +63,7 @@ class LLMServer:
 
             self._engine = VLLMEngine(model, path)
         await self._engine.start()
+        self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
 
     async def generate(
@@ -67,18 +76,30 @@ class LLMServer:
             return
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
+        # Module attribute, not a global: Serve pickles this class by value, and a Tracer is not
+        # picklable.
+        span = tracing_.tracer.start_span(
+            "llmserver.generate", context=tracing_.context_from(request.trace_headers),
+            attributes={"llmserve.replica": self._replica_id, "llmserve.model": self._model.name},
+        )
         gen = self._engine.generate(request)
         first = True
+        num_tokens = 0
         try:
             async for item in gen:
                 self._last_output_s = time.monotonic()
-                if first and isinstance(item, GenerationChunk):
-                    item = dataclasses.replace(item, replica_id=self._replica_id)
+                if isinstance(item, GenerationChunk):
+                    num_tokens += sum(c.num_tokens for c in item.choices)
+                    if first:
+                        span.add_event("first_token")
+                        item = dataclasses.replace(item, replica_id=self._replica_id)
                 first = False
                 yield item
         finally:
             # Runs on cancellation too: closing the engine stream aborts the engine request.
             await gen.aclose()
+            span.set_attribute("llmserve.completion_tokens", num_tokens)
+            span.end()
 
     def _client_stats(self) -> EngineStats:
         s = self._engine.stats()
@@ -121,8 +142,12 @@ class LLMServer:
             self._num_probing -= 1
 
     async def _watch_engine(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(self._health.watchdog_period_s)
+            ticks += 1
+            if ticks % GPU_EXPORT_EVERY_TICKS == 1:
+                self._gpu_metrics.export(await asyncio.to_thread(read_gpus))
             s = self._client_stats()  # a health probe in the engine is not a stalled request
             if not s.healthy:
                 # A dead engine never recovers: leave now, so that every router drops this

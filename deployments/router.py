@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments.admission_gate import Gate, Ticket
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.generation import GenerationError
+from deployments.request_log import RequestTrail
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import (
     OpenAIError,
@@ -35,6 +36,7 @@ from serve_app.openai_protocol import (
     parse_request,
 )
 from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
+from serve_app import tracing
 from serve_app.tracing import RequestIdentityMiddleware
 
 logger = logging.getLogger("ray.serve")
@@ -72,7 +74,9 @@ class _OpenStream:
     """A generation whose first item has arrived (so errors surface as an HTTP status)."""
 
     def __init__(self, builder: ResponseBuilder, first, rest: DeploymentResponseGenerator,
-                 usage: bool, ticket: Ticket, headers: dict[str, str]) -> None:  # fmt: skip
+                 usage: bool, ticket: Ticket, headers: dict[str, str],
+                 trail: RequestTrail) -> None:  # fmt: skip
+        self.trail = trail
         self.builder = builder
         self.first = first
         self.rest = rest
@@ -93,6 +97,15 @@ def _timeout_field(body: dict[str, Any]) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise OpenAIError(400, "timeout must be a number of seconds", param="timeout")
     return float(value)
+
+
+def _outcome(e: BaseException) -> tuple[str, str]:
+    """(outcome, code) of a request that ended with `e`, for metrics and the access log."""
+    if isinstance(e, OpenAIError):
+        return str(e.status), e.code or ""
+    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled", ""
+    return "500", ""
 
 
 def _prompt_chars(gen) -> int:
@@ -121,6 +134,7 @@ class Router:
         # deadlines (one timer for all instead of a timeout around every chunk).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
         self._metrics = RouterMetrics()
+        tracing.configure_tracing(self._config.tracing.exporter, self._config.tracing.file_path)
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def _housekeeping(self) -> None:
@@ -183,17 +197,31 @@ class Router:
         return await self._http(request, "completion")
 
     async def _http(self, request: Request, kind: Kind):
-        # The key is checked before the body is even read: no work for strangers.
-        tenant = self._directory.authenticate(request.headers.get("authorization"))
-        request.state.response_headers = {**self._gate.rate_headers(tenant),
-                                          "x-llmserve-tenant": tenant.name}  # fmt: skip
-        body = parse_json_body(await self._read_body(request))
-        session = request.headers.get("x-session-id")
-        stream = await self._open_stream(kind, body, tenant, session[:128] if session else None)
-        request.state.response_headers = {**stream.headers, "x-llmserve-tenant": tenant.name}
-        if body.get("stream") is True:
-            return EventSourceResponse(self._sse_events(stream), sep="\n", ping=15)
-        return JSONResponse(await self._collect(stream))
+        trail = self._trail(kind, request.scope.get("state", {}).get("request_id", ""))
+        try:
+            # The key is checked before the body is even read: no work for strangers.
+            with tracing.tracer.start_as_current_span("authenticate"):
+                tenant = self._directory.authenticate(request.headers.get("authorization"))
+            trail.tenant = tenant.name
+            request.state.response_headers = {**self._gate.rate_headers(tenant),
+                                              "x-llmserve-tenant": tenant.name}  # fmt: skip
+            body = parse_json_body(await self._read_body(request))
+            trail.stream = body.get("stream") is True
+            session = request.headers.get("x-session-id")
+            stream = await self._open_stream(kind, body, tenant,
+                                             session[:128] if session else None, trail)  # fmt: skip
+            request.state.response_headers = {**stream.headers, "x-llmserve-tenant": tenant.name}
+            if trail.stream:
+                return EventSourceResponse(self._sse_events(stream, trail), sep="\n", ping=15)
+            response = JSONResponse(await self._collect(stream))
+            trail.finish("ok")
+            return response
+        except BaseException as e:
+            trail.finish(*_outcome(e))
+            raise
+
+    def _trail(self, kind: str, request_id: str) -> RequestTrail:
+        return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._config.http.max_request_body_bytes
@@ -214,25 +242,50 @@ class Router:
 
     async def chat_completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
         """Non-streaming chat completion for DeploymentHandle callers; raises OpenAIError."""
-        return await self._collect(await self._open_stream("chat", body, self._auth(api_key)))
+        return await self._handle_call("chat", body, api_key)
 
     async def completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
-        return await self._collect(await self._open_stream("completion", body, self._auth(api_key)))
+        return await self._handle_call("completion", body, api_key)
 
     async def stream_chat_completions(
         self, body: dict[str, Any], api_key: str | None = None
     ) -> AsyncIterator[dict]:
         """Streaming chat completion: yields OpenAI chunk dicts (call with stream=True)."""
-        stream = await self._open_stream("chat", body, self._auth(api_key))
-        async for chunk in self._chunks(stream):
+        async for chunk in self._handle_stream("chat", body, api_key):
             yield chunk
 
     async def stream_completions(
         self, body: dict[str, Any], api_key: str | None = None
     ) -> AsyncIterator[dict]:
-        stream = await self._open_stream("completion", body, self._auth(api_key))
-        async for chunk in self._chunks(stream):
+        async for chunk in self._handle_stream("completion", body, api_key):
             yield chunk
+
+    async def _handle_call(self, kind: Kind, body: dict[str, Any], api_key: str | None) -> dict:
+        trail = self._trail(kind, str(uuid.uuid4()))
+        try:
+            tenant = self._auth(api_key)
+            trail.tenant = tenant.name
+            result = await self._collect(await self._open_stream(kind, body, tenant,
+                                                                 trail=trail))  # fmt: skip
+            trail.finish("ok")
+            return result
+        except BaseException as e:
+            trail.finish(*_outcome(e))
+            raise
+
+    async def _handle_stream(self, kind: Kind, body: dict[str, Any], api_key: str | None):
+        trail = self._trail(kind, str(uuid.uuid4()))
+        trail.stream = True
+        try:
+            tenant = self._auth(api_key)
+            trail.tenant = tenant.name
+            stream = await self._open_stream(kind, body, tenant, trail=trail)
+            async for chunk in self._chunks(stream):
+                yield chunk
+            trail.finish("ok")
+        except BaseException as e:
+            trail.finish(*_outcome(e))
+            raise
 
     def queue_stats(self) -> dict[str, dict[str, int]]:
         """Per model: this Router replica's in-flight cap, in-flight count and queue depth."""
@@ -244,8 +297,15 @@ class Router:
     # ---------------------------------------------------------------------------------- core
 
     async def _open_stream(
-        self, kind: Kind, body: dict[str, Any], tenant: TenantConfig, session_id: str | None = None
+        self,
+        kind: Kind,
+        body: dict[str, Any],
+        tenant: TenantConfig,
+        session_id: str | None = None,
+        trail: RequestTrail | None = None,
     ) -> _OpenStream:
+        trail = trail or self._trail(kind, "")
+        trail.priority = tenant.priority
         req = parse_request(kind, body)
         handle = self._handles.get(req.model)
         if handle is None:
@@ -262,7 +322,11 @@ class Router:
         terms = request_terms(tenant, req.model, gen.max_tokens, _timeout_field(body),
                               model.max_tokens_default)  # fmt: skip
         num_tokens = estimate_prompt_tokens(_prompt_chars(gen)) + terms.max_tokens * req.n
-        ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
+        trail.model = req.model
+        with tracing.tracer.start_as_current_span("admit") as span:
+            ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
+            span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
+        trail.queue_wait_s = ticket.queue_wait_s
         headers = dict(ticket.rate_headers)
         if terms.max_tokens_clamped_from is not None:
             headers["x-max-tokens-clamped"] = f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
@@ -270,14 +334,20 @@ class Router:
                                   priority=self._gate.priority(tenant))  # fmt: skip
         session = session_id or req.user or ""
         try:
-            stream, first = await self._dispatch(handle, gen, ticket, session)
+            with tracing.tracer.start_as_current_span("dispatch") as span:
+                gen = dataclasses.replace(gen, trace_headers=tracing.current_trace_headers())
+                stream, first = await self._dispatch(handle, gen, ticket, session)
+                span.set_attribute("llmserve.replica", first.replica_id or "")
         except BaseException:
             self._gate.finish(ticket, 0)
             raise
+        trail.first_s = time.monotonic()
+        trail.replica = first.replica_id
+        trail.num_prompt_tokens = first.num_prompt_tokens
         if self._config.http.debug_headers and first.replica_id:
             headers["x-replica"] = first.replica_id
         builder = ResponseBuilder(kind, response_id, req.model, req.n)
-        return _OpenStream(builder, first, stream, req.include_usage, ticket, headers)
+        return _OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail)
 
     async def _dispatch(self, handle: DeploymentHandle, gen, ticket: Ticket, session: str):
         """Sends to a replica and waits for its first item. A replica that fails before any
@@ -347,7 +417,9 @@ class Router:
         finally:
             if not done:
                 s.rest.cancel()  # aborts the engine request and frees its KV blocks
-            self._gate.finish(s.ticket, s.builder.usage()["total_tokens"])
+            usage = s.builder.usage()
+            s.trail.num_completion_tokens = usage["completion_tokens"]
+            self._gate.finish(s.ticket, usage["total_tokens"])
             self._dispatched.pop(s.ticket.entry_id, None)
 
     async def _collect(self, s: _OpenStream) -> dict[str, Any]:
@@ -355,14 +427,21 @@ class Router:
             pass
         return s.builder.response()
 
-    async def _sse_events(self, s: _OpenStream) -> AsyncIterator[ServerSentEvent]:
+    async def _sse_events(
+        self, s: _OpenStream, trail: RequestTrail
+    ) -> AsyncIterator[ServerSentEvent]:
+        outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
         try:
             async for chunk in self._chunks(s):
                 yield _sse(chunk)
+            outcome = ("ok", "")
         except OpenAIError as e:
+            outcome = _outcome(e)
             yield _sse(e.body(), event="error")
         except Exception:  # a bug of ours: still end the stream the way clients expect
             logger.exception("stream %s failed", s.builder.id)
+            outcome = ("500", "")
             yield _sse(OpenAIError(500, "internal server error").body(), event="error")
+        finally:
+            trail.finish(*outcome)
         yield _sse("[DONE]")
-

@@ -18,6 +18,7 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from serve_app.config import ModelConfig
 from serve_app.generation import (
@@ -68,7 +69,11 @@ class VLLMEngine:
             disable_log_stats=False,
             **cfg.engine_kwargs(),
         )
-        self._engine = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger])
+        # vLLM's own metrics (running/waiting, KV usage, prefix-cache hits, TTFT, inter-token
+        # latency) go out through Ray's metrics pipeline as ray_vllm_*, beside ours.
+        self._engine = AsyncLLM.from_engine_args(
+            args, stat_loggers=[self._stats_logger, RayPrometheusStatLogger]
+        )
         self.max_model_len = self._engine.model_config.max_model_len
         logger.info("engine for %s ready, max_model_len=%d", self._model.name, self.max_model_len)
 
@@ -140,6 +145,8 @@ class VLLMEngine:
                 request.request_id,
                 # vLLM refuses a non-zero priority unless it schedules by priority.
                 priority=request.priority if self._by_priority else 0,
+                # Joins vLLM's own spans to the request's trace when vLLM exports them.
+                trace_headers=request.trace_headers,
             ):
                 choices = [
                     ChoiceDelta(

@@ -69,7 +69,7 @@ def build_app(args: dict[str, Any]) -> Application:
                 "num_gpus": d.num_gpus,
                 "runtime_env": {"env_vars": d.env_vars} if d.env_vars else {},
             },
-        ).bind(model, str(cache_dir))
+        ).bind(model, str(cache_dir), tracing=config.tracing)
     r = config.router
     return Router.options(
         num_replicas=r.num_replicas,

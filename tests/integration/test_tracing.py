@@ -1,0 +1,82 @@
+"""One trace per request across the Router and the replica, and one access-log line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from tests.integration.conftest import DEFAULT, KEYS, TRACE_FILE
+
+SERVE_LOGS = Path("/tmp/ray/session_latest/logs/serve")
+
+
+def _spans(trace_id: str) -> list[dict]:
+    if not TRACE_FILE.exists():
+        return []
+    spans = [json.loads(line) for line in TRACE_FILE.read_text().splitlines() if line.strip()]
+    return [s for s in spans if s["trace_id"] == trace_id]
+
+
+def test_one_trace_spans_router_and_replica(http):
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    r = http.post("/v1/chat/completions", headers={
+        "traceparent": f"00-{trace_id}-b7ad6b7169203331-01",
+        "Authorization": f"Bearer {KEYS['interactive']}"},
+        json={"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}],
+              "max_tokens": 4})  # fmt: skip
+    assert r.status_code == 200
+    assert r.headers["traceparent"].split("-")[1] == trace_id
+    wanted = {"POST /v1/chat/completions", "authenticate", "admit", "dispatch",
+              "llmserver.generate"}  # fmt: skip
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not wanted <= {s["name"] for s in _spans(trace_id)}:
+        time.sleep(0.3)
+    spans = {s["name"]: s for s in _spans(trace_id)}
+    print("\n" + "\n".join(f"{n}: parent {s['parent_id']}" for n, s in spans.items()))
+    assert wanted <= set(spans)
+    root = spans["POST /v1/chat/completions"]
+    assert root["parent_id"] == "b7ad6b7169203331"  # continues the client's trace
+    for name in ("authenticate", "admit", "dispatch"):
+        assert spans[name]["parent_id"] == root["span_id"]
+    # The replica's span, in another process, hangs under the Router's dispatch span.
+    assert spans["llmserver.generate"]["parent_id"] == spans["dispatch"]["span_id"]
+    assert spans["dispatch"]["attributes"]["llmserve.replica"]
+
+
+def test_access_log_line_per_request(http):
+    r = http.post("/v1/completions", headers={"x-request-id": "access-log-test-1"},
+                  json={"model": DEFAULT, "prompt": "Hello", "max_tokens": 3})  # fmt: skip
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    line = None
+    while time.monotonic() < deadline and line is None:
+        for f in SERVE_LOGS.glob("replica_llmserve_Router_*.log"):
+            for text in f.read_text(errors="replace").splitlines():
+                if '"request_id": "access-log-test-1"' in text:
+                    line = text
+        time.sleep(0.3)
+    assert line is not None, "no access-log line for the request"
+    record = json.loads(line[line.index("{"):])
+    print(f"\n{record}")
+    assert record["status"] == "ok" and record["model"] == DEFAULT
+    assert record["tenant"] == "anonymous" and record["completion_tokens"] == 3
+    assert record["prompt_tokens"] > 0 and record["ttft_ms"] > 0 and record["replica"]
+    assert len(record["trace_id"]) == 32
+    assert KEYS["interactive"] not in line
+
+
+def test_api_keys_never_reach_logs_or_traces(http):
+    # Use every key at least once, then look everywhere the platform writes.
+    for key in KEYS.values():
+        http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                  json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    time.sleep(2)
+    places = [TRACE_FILE, *SERVE_LOGS.parent.glob("*.log"), *SERVE_LOGS.parent.glob("*.err"),
+              *SERVE_LOGS.parent.glob("*.out"), *SERVE_LOGS.glob("*.log")]  # fmt: skip
+    leaks = [
+        (p.name, name) for p in places if p.is_file()
+        for name, key in KEYS.items() if key in p.read_text(errors="replace")
+    ]  # fmt: skip
+    print(f"\nsearched {len(places)} log and trace files")
+    assert not leaks, f"API keys found in {leaks}"
