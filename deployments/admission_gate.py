@@ -36,6 +36,11 @@ class Ticket:
     expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
 
 
+def _initial_replicas(model: ModelConfig) -> int:
+    a = model.deployment.autoscaling
+    return model.deployment.num_replicas if a is None else max(a.min_replicas, 1)
+
+
 def _retry_after(seconds: float) -> str:
     return str(max(1, math.ceil(seconds)))
 
@@ -65,7 +70,7 @@ class Gate:
         adm = config.admission
         self._queues = {
             m.name: AdmissionPolicy(
-                capacity=self._capacity(m, m.deployment.num_replicas),
+                capacity=self._capacity(m, _initial_replicas(m)),
                 max_queue_len=adm.max_queue_len,
                 max_queue_wait_s=adm.max_queue_wait_s,
                 ageing_s=adm.ageing_s,
@@ -79,6 +84,10 @@ class Gate:
 
     def _capacity(self, model: ModelConfig, num_replicas: int) -> int:
         # Every Router replica admits its share of what the model's replicas can run at once.
+        if num_replicas == 0 and model.deployment.autoscaling is not None:
+            # Scaled to zero: let one request through to Ray's handle, where the autoscaler
+            # sees it and starts a replica; the rest wait in the queue (within their deadline).
+            return 1
         return math.ceil(model.deployment.max_ongoing_requests * num_replicas * self._share)
 
     def priority(self, tenant: TenantConfig) -> int:

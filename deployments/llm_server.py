@@ -37,8 +37,13 @@ GPU_EXPORT_EVERY_TICKS = 5
 @serve.deployment
 class LLMServer:
     async def __init__(
-        self, model: ModelConfig, cache_dir: str, tracing: TracingConfig | None = None
+        self,
+        model: ModelConfig,
+        cache_dir: str,
+        tracing: TracingConfig | None = None,
+        num_router_replicas: int = 1,
     ) -> None:
+        self._num_router_replicas = num_router_replicas
         tracing = tracing or TracingConfig()
         tracing_.configure_tracing(tracing.exporter, tracing.file_path)
         if model.deployment.cpu_nice:
@@ -172,6 +177,26 @@ class LLMServer:
             "healthy": s.healthy and self._unhealthy_reason is None,
             "timestamp_s": time.time(),
         }
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """For autoscaling/ray_policy.py: this engine's load and the Router's queue."""
+        s = self._client_stats()
+        return {
+            "engine_running": float(s.num_running),
+            "engine_waiting": float(s.num_waiting),
+            "router_queued": await self._router_queued(),
+        }
+
+    async def _router_queued(self) -> float:
+        # One Router replica's queue for this model, times the number of Router replicas
+        # (Serve's proxy spreads requests evenly over them): an estimate, refreshed every second.
+        try:
+            ctx = serve.get_replica_context()
+            router = serve.get_deployment_handle("Router", app_name=ctx.app_name)
+            stats = await asyncio.wait_for(router.queue_stats.remote(), timeout=1.0)
+        except Exception:  # Router restarting or busy: report no queue rather than fail
+            return 0.0
+        return float(stats.get(self._model.name, {}).get("queued", 0)) * self._num_router_replicas
 
     def __del__(self) -> None:
         watchdog = getattr(self, "_watchdog", None)

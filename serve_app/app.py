@@ -46,6 +46,35 @@ def request_router_config(model: ModelConfig) -> RequestRouterConfig | None:
     )
 
 
+def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
+    a, d = model.deployment.autoscaling, model.deployment
+    params = {
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+        "target_per_replica": a.target_per_replica or 0.75 * d.max_ongoing_requests,
+        "upscale_delay_s": a.upscale_delay_s,
+        "downscale_delay_s": a.downscale_delay_s,
+        "replica_start_s": a.replica_start_s,
+        "scale_to_zero_after_s": a.scale_to_zero_after_s,
+    }
+    return {
+        "min_replicas": a.min_replicas,
+        "max_replicas": a.max_replicas,
+        "initial_replicas": max(a.min_replicas, 1),
+        "metrics_interval_s": a.metrics_interval_s,
+        # Our policy keeps its own delays and hysteresis; Ray's (30 s up, 600 s down by
+        # default, applied on top of custom policies) would only stack on them.
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 0,
+        "downscale_to_zero_delay_s": 0,
+        "look_back_period_s": max(2 * a.metrics_interval_s, 2.0),
+        "policy": {
+            "policy_function": "autoscaling.ray_policy:LLMQueueAutoscalingPolicy",
+            "policy_kwargs": params,
+        },
+    }
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
     cache_dir = config.cache_dir()
@@ -56,11 +85,15 @@ def build_app(args: dict[str, Any]) -> Application:
     for model in config.models:
         d = model.deployment
         routing = request_router_config(model)
-        extra = {"request_router_config": routing} if routing is not None else {}
+        extra: dict[str, Any] = {"request_router_config": routing} if routing else {}
+        if d.autoscaling is not None:
+            extra["autoscaling_config"] = autoscaling_config(model)
+        else:
+            extra["num_replicas"] = d.num_replicas
         handles[model.name] = LLMServer.options(
             **extra,
             name=deployment_name(model),
-            num_replicas=d.num_replicas,
+            graceful_shutdown_timeout_s=d.graceful_shutdown_timeout_s,
             max_ongoing_requests=d.max_ongoing_requests,
             health_check_period_s=d.health_check_period_s,
             health_check_timeout_s=d.health_check_timeout_s,
@@ -69,7 +102,8 @@ def build_app(args: dict[str, Any]) -> Application:
                 "num_gpus": d.num_gpus,
                 "runtime_env": {"env_vars": d.env_vars} if d.env_vars else {},
             },
-        ).bind(model, str(cache_dir), tracing=config.tracing)
+        ).bind(model, str(cache_dir), tracing=config.tracing,
+               num_router_replicas=config.router.num_replicas)
     r = config.router
     return Router.options(
         num_replicas=r.num_replicas,

@@ -67,10 +67,37 @@ class EngineConfig(_Strict):
         return kwargs
 
 
+class AutoscalingOptions(_Strict):
+    """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=2, ge=1)
+    target_per_replica: float | None = Field(
+        default=None, gt=0,
+        description="Requests a replica should hold (running + waiting + its share of the "
+        "Router's queue). Default: 3/4 of max_ongoing_requests.",
+    )
+    upscale_delay_s: float = Field(default=5.0, ge=0)
+    downscale_delay_s: float = Field(default=60.0, ge=0)
+    replica_start_s: float = Field(default=60.0, ge=0, description="Time a replica takes to serve.")
+    scale_to_zero_after_s: float = Field(default=300.0, gt=0)
+    metrics_interval_s: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "AutoscalingOptions":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
 class DeploymentOptions(_Strict):
     """Ray Serve deployment options for one model's LLMServer."""
 
     num_replicas: int = Field(default=1, ge=1)
+    autoscaling: AutoscalingOptions | None = None
+    graceful_shutdown_timeout_s: float = Field(
+        default=60.0, gt=0, description="A replica being removed finishes its requests first."
+    )
     max_ongoing_requests: int = Field(default=64, gt=0)
     num_cpus: float = Field(default=1.0, ge=0)
     num_gpus: float = Field(default=0.0, ge=0)

@@ -1,0 +1,94 @@
+"""Queue-driven autoscaling on the real stack: 1 -> 2 replicas under load, back to 1 after it,
+with no failed request during either change (a replica being removed drains first)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+from ray import serve
+
+from serve_app.app import build_app
+from tests.integration.conftest import TINY
+
+PREFIX = "/autoscale"
+NAME = "tiny-auto"
+
+
+def autoscale_app(model_dirs) -> dict:
+    return {
+        "models": [{
+            "name": NAME, "source": str(model_dirs[TINY]),
+            "engine": {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 512,
+                       "max_num_seqs": 8, "cpu_kv_cache_space_gib": 1},
+            "deployment": {
+                "max_ongoing_requests": 8, "num_cpus": 0.5,
+                "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_per_replica": 4,
+                                "upscale_delay_s": 2, "downscale_delay_s": 10,
+                                "replica_start_s": 120, "metrics_interval_s": 1},
+            },
+        }],
+    }  # fmt: skip
+
+
+def _running() -> int:
+    d = serve.status().applications["autoscale"].deployments[f"llm-{NAME}"]
+    return d.replica_states.get("RUNNING", 0)
+
+
+def test_load_scales_one_to_two_and_back_without_failures(serve_app, model_dirs):
+    serve.run(build_app(autoscale_app(model_dirs)), name="autoscale", route_prefix=PREFIX)
+    url = f"{serve_app}{PREFIX}"
+    timeline: list[tuple[float, int]] = []
+    results: list[int] = []
+
+    async def scenario():
+        t0 = time.monotonic()
+        state = {"scaled_up_at": None, "stop": False}
+
+        async def watch():
+            while not state["stop"]:
+                n = await asyncio.to_thread(_running)
+                timeline.append((time.monotonic() - t0, n))
+                if n == 2 and state["scaled_up_at"] is None:
+                    state["scaled_up_at"] = time.monotonic()
+                await asyncio.sleep(1)
+
+        async def client(c: httpx.AsyncClient, k: int):
+            i = 0
+            while not state["stop"]:
+                up = state["scaled_up_at"]
+                if (up and time.monotonic() > up + 15) or time.monotonic() - t0 > 240:
+                    return
+                r = await c.post("/v1/completions", json={
+                    "model": NAME, "prompt": f"Load {k}-{i}", "max_tokens": 64,
+                    "ignore_eos": True})  # fmt: skip
+                results.append(r.status_code)
+                i += 1
+
+        watcher = asyncio.create_task(watch())
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            await asyncio.gather(*(client(c, k) for k in range(12)))
+            load_end = time.monotonic() - t0
+            # Idle now: wait for the way back down, probing lightly to see nothing fails.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and _running() != 1:
+                r = await c.post("/v1/completions", json={"model": NAME, "prompt": "probe",
+                                                          "max_tokens": 4})  # fmt: skip
+                results.append(r.status_code)
+                await asyncio.sleep(2)
+        state["stop"] = True
+        await watcher
+        return load_end
+
+    try:
+        load_end = asyncio.run(scenario())
+        changes = [(round(t), n) for (t, n), (_, prev) in zip(timeline[1:], timeline) if n != prev]
+        print(f"\nreplica count changes (s, running): {changes}; load ended at {load_end:.0f} s; "
+              f"{len(results)} requests, statuses {sorted(set(results))}")  # fmt: skip
+        assert max(n for _, n in timeline) == 2, "never scaled up"
+        assert timeline[-1][1] == 1 or _running() == 1, "never scaled back down"
+        assert set(results) == {200}, "a request failed during scaling"
+    finally:
+        serve.delete("autoscale")
