@@ -9,7 +9,7 @@ METRICS_PORT ?= 8080
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
-.PHONY: install prepare serve stop test unit integration clean
+.PHONY: install prepare serve stop test unit integration clean prometheus
 
 install: $(STAMP)
 
@@ -36,13 +36,19 @@ stop:
 	-$(BIN)/serve shutdown -y
 	-$(BIN)/ray stop
 
-test: install
+# Debian's Prometheus: promtool for the dashboard unit tests, the server for the dashboard check.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus; }
+
+test: install prometheus
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-unit: install
+unit: install prometheus
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: install
+integration: install prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 clean: stop

@@ -1,0 +1,209 @@
+"""The dashboard against a real Prometheus scraping the real app, and `llmserve status` on it.
+
+A Prometheus server (Debian's package) started here scrapes Ray's metrics export of the session's
+app every second. After a little real traffic (chat, streaming, a completion, a 404, 429s from the
+rate-limited tenant), every PromQL query of observability/grafana_dashboard.json must return data
+through Prometheus' HTTP API, except the GPU panels, which must return nothing on a machine
+without a GPU (absent, not zero).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from serve_app import cli
+from tests.integration.conftest import CAPACITY, DEFAULT, KEYS, METRICS_PORT, TINY
+from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
+
+PROM_PORT = int(os.environ.get("LLMSERVE_TEST_PROMETHEUS_PORT", "19090"))
+INSTALL = ("Debian's Prometheus server is missing: "
+           "`apt-get update && apt-get install -y --no-install-recommends prometheus`")  # fmt: skip
+POLL_S = 90
+
+# A prompt long enough to fill whole KV blocks, sent twice: the second one can hit the prefix cache.
+LONG_PROMPT = " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}."
+                       for i in range(60))  # fmt: skip
+
+
+def has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+@pytest.fixture(scope="module")
+def prometheus(serve_app, tmp_path_factory):
+    """A real Prometheus scraping 127.0.0.1:METRICS_PORT every second; yields its base URL."""
+    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not os.access(binary, os.X_OK):
+        pytest.fail(INSTALL)
+    home = tmp_path_factory.mktemp("prometheus")
+    config = home / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "ray", "scrape_interval": "1s", "scrape_timeout": "1s",
+                            "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]}],
+    }))  # fmt: skip
+    log = open(home / "prometheus.log", "w")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
+         f"--web.listen-address=127.0.0.1:{PROM_PORT}", "--storage.tsdb.retention.time=1h",
+         "--log.level=warn"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{PROM_PORT}"
+    targets = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"prometheus exited {proc.returncode}: "
+                            f"{(home / 'prometheus.log').read_text()[-2000:]}")  # fmt: skip
+            try:
+                targets = httpx.get(f"{url}/api/v1/targets", timeout=2).json()["data"]
+                if any(t["health"] == "up" for t in targets["activeTargets"]):
+                    break
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"Prometheus never scraped 127.0.0.1:{METRICS_PORT}: {targets!r}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        log.close()
+
+
+def query(prom: str, expr: str) -> list[dict]:
+    r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def finite(result: list[dict]) -> list[float]:
+    return [v for v in (float(s["value"][1]) for s in result) if math.isfinite(v)]
+
+
+def send_traffic(http: httpx.Client) -> dict[str, int]:
+    """One round of every kind of request the dashboard shows; returns status counts."""
+    statuses: dict[str, int] = {}
+
+    def note(status: int) -> None:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+
+    key = {"Authorization": f"Bearer {KEYS['interactive']}"}
+    r = http.post("/v1/chat/completions", headers=key, json={
+        "model": DEFAULT, "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]})  # fmt: skip
+    note(r.status_code)
+    with http.stream("POST", "/v1/chat/completions", json={
+        "model": DEFAULT, "max_tokens": 24, "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Write a haiku about GPUs."}]}) as s:  # fmt: skip
+        note(s.status_code)
+        chunks = [line for line in s.iter_lines() if line.startswith("data:")]
+        assert chunks[-1] == "data: [DONE]"
+    for _ in range(2):  # the same long prompt twice: prefix-cache queries (and hits)
+        r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": LONG_PROMPT,
+                                               "max_tokens": 4})  # fmt: skip
+        note(r.status_code)
+    r = http.post("/v1/completions", json={"model": TINY, "prompt": "Hello", "max_tokens": 8})
+    note(r.status_code)
+    r = http.post("/v1/chat/completions", json={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    note(r.status_code)
+    limited = {"Authorization": f"Bearer {KEYS['limited']}"}
+    for _ in range(4):  # 0.5 requests/s with a burst of 2: some of these are 429s
+        r = http.post("/v1/completions", headers=limited,
+                      json={"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+        note(r.status_code)
+    return statuses
+
+
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, prometheus):
+    statuses: dict[str, int] = {}
+    with httpx.Client(base_url=serve_app, timeout=120) as http:
+        for round_ in range(3):  # spread out, so rate() over [1m] sees counters increase
+            for k, v in send_traffic(http).items():
+                statuses[k] = statuses.get(k, 0) + v
+            if round_ < 2:
+                time.sleep(3)
+    print(f"\nresponses by status: {statuses}")
+    assert statuses.get("200", 0) >= 15 and statuses.get("404") == 3 and statuses.get("429")
+
+    panels = [(title, substitute(expr)) for title, expr in expressions(dashboard())]
+    data_panels = [(t, e) for t, e in panels if not is_gpu_expr(e)]
+    gpu_panels = [(t, e) for t, e in panels if is_gpu_expr(e)]
+    assert len(gpu_panels) == 2 and len(data_panels) >= 20
+
+    t0 = time.monotonic()
+    missing: list[str] = []
+    while True:
+        missing = [f"{t}: {e}" for t, e in data_panels if not finite(query(prometheus, e))]
+        if not missing or time.monotonic() - t0 > POLL_S:
+            break
+        time.sleep(2)
+    assert not missing, "queries without data after %.0f s:\n%s" % (
+        time.monotonic() - t0, "\n".join(missing))  # fmt: skip
+    print(f"all {len(data_panels)} dashboard queries have data after "
+          f"{time.monotonic() - t0:.1f} s of polling")  # fmt: skip
+    for title, expr in panels:
+        result = query(prometheus, expr)
+        values = ", ".join(f"{s['metric']}={float(s['value'][1]):.3g}" for s in result[:4])
+        print(f"  {title:45.45s} {len(result)} series  {values[:150]}")
+
+    if not has_gpu():  # absent, not zero
+        for title, expr in gpu_panels:
+            assert query(prometheus, expr) == [], f"{title}: GPU series on a machine without GPU"
+
+    # The `model` variable's values: the configured models.
+    r = httpx.get(f"{prometheus}/api/v1/label/model/values",
+                  params={"match[]": "ray_llmserve_admission_capacity"}, timeout=10)  # fmt: skip
+    assert {DEFAULT, TINY} <= set(r.json()["data"])
+
+    # Sensible values: outcomes and reasons labelled as documented, one healthy replica each,
+    # time to first token never above end-to-end time.
+    outcomes = {s["metric"]["outcome"] for s in query(prometheus, "ray_llmserve_requests_total")}
+    assert {"ok", "404", "429"} <= outcomes, outcomes
+    reasons = {s["metric"]["reason"] for s in query(prometheus, "ray_llmserve_rejections_total")}
+    assert "rate_limit" in reasons, reasons
+    replicas = query(prometheus, 'sum by (deployment) (ray_serve_deployment_replica_healthy'
+                     '{deployment=~"llm-.*", application="llmserve"})')  # fmt: skip
+    assert {s["metric"]["deployment"]: float(s["value"][1]) for s in replicas} == {
+        f"llm-{DEFAULT}": 1.0, f"llm-{TINY}": 1.0}  # fmt: skip
+    ttft_sum = finite(query(prometheus, "sum(ray_llmserve_ttft_seconds_sum)"))
+    e2e_sum = finite(query(prometheus, "sum(ray_llmserve_e2e_seconds_sum)"))
+    assert 0 < ttft_sum[0] <= e2e_sum[0]
+    kv = finite(query(prometheus, f'ray_vllm_kv_cache_usage_perc{{model_name="{DEFAULT}"}}'))
+    assert kv and all(0 <= v <= 1 for v in kv)
+
+
+def test_status_once_shows_each_model(serve_app, capsys):
+    with httpx.Client(base_url=serve_app, timeout=120) as http:
+        r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Hi", "max_tokens": 8})
+        assert r.status_code == 200
+    time.sleep(2.5)  # Ray exports every second
+    rc = cli.main(["status", "--url", serve_app, "--interval", "1", "--once",
+                   "--metrics-url", f"http://127.0.0.1:{METRICS_PORT}/metrics"])  # fmt: skip
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 0
+    assert f"router {serve_app}: ok" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[3:] if line.strip()}
+    default = rows[DEFAULT]
+    assert default[1] == "1", default  # one healthy replica
+    assert default[3].endswith(f"/{CAPACITY}"), default  # in-flight/cap
+    assert default[4] != "-" and default[6] != "-", default  # TTFT p50, TTFT p99 (value + unit)
+    assert TINY in rows
