@@ -54,6 +54,7 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
         "target_per_replica": a.target_per_replica or 0.75 * d.max_ongoing_requests,
         "upscale_delay_s": a.upscale_delay_s,
         "downscale_delay_s": a.downscale_delay_s,
+        "downscale_headroom": a.downscale_headroom,
         "replica_start_s": a.replica_start_s,
         "scale_to_zero_after_s": a.scale_to_zero_after_s,
     }

@@ -79,6 +79,10 @@ class AutoscalingOptions(_Strict):
     )
     upscale_delay_s: float = Field(default=5.0, ge=0)
     downscale_delay_s: float = Field(default=60.0, ge=0)
+    downscale_headroom: float = Field(
+        default=0.8, gt=0, le=1,
+        description="Scale down only if the load fits in one fewer replica at this fraction.",
+    )
     replica_start_s: float = Field(default=60.0, ge=0, description="Time a replica takes to serve.")
     scale_to_zero_after_s: float = Field(default=300.0, gt=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)

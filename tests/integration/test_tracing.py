@@ -80,3 +80,40 @@ def test_api_keys_never_reach_logs_or_traces(http):
     ]  # fmt: skip
     print(f"\nsearched {len(places)} log and trace files")
     assert not leaks, f"API keys found in {leaks}"
+
+
+def _scrape_sum(metric: str, **labels: str) -> float:
+    import httpx as _httpx
+
+    from tests.integration.conftest import METRICS_PORT
+
+    text = _httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(metric + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_token_counters_equal_the_usage_the_api_returned(http):
+    tenant = {"tenant": "tiny-only"}
+    before = (_scrape_sum("ray_llmserve_prompt_tokens_total", **tenant),
+              _scrape_sum("ray_llmserve_generation_tokens_total", **tenant))  # fmt: skip
+    prompt = completion = 0
+    for i in range(3):
+        r = http.post("/v1/completions", headers={"Authorization": f"Bearer {KEYS['tiny-only']}"},
+                      json={"model": "tiny-llama-random", "prompt": f"Count {i}",
+                            "max_tokens": 5 + i, "ignore_eos": True})  # fmt: skip
+        assert r.status_code == 200
+        prompt += r.json()["usage"]["prompt_tokens"]
+        completion += r.json()["usage"]["completion_tokens"]
+    deadline = time.monotonic() + 20
+    got = (0.0, 0.0)
+    while time.monotonic() < deadline:
+        got = (_scrape_sum("ray_llmserve_prompt_tokens_total", **tenant) - before[0],
+               _scrape_sum("ray_llmserve_generation_tokens_total", **tenant) - before[1])  # fmt: skip
+        if got == (prompt, completion):
+            break
+        time.sleep(1)
+    print(f"\nAPI usage: {prompt} prompt, {completion} completion tokens; counters moved by {got}")
+    assert got == (prompt, completion)
