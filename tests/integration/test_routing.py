@@ -29,6 +29,7 @@ def routing_app(model_dirs, policy: str) -> dict:
             "deployment": {"num_replicas": 2, "max_ongoing_requests": 32, "num_cpus": 0.5,
                            "health_check_period_s": 2, "health_check_timeout_s": 30},
             "routing": {"policy": policy, "stats_period_s": 0.5, "session_affinity": False},
+            "health": {"probe_timeout_s": 5, "hang_timeout_s": 10},
         }],
     }  # fmt: skip
 
@@ -177,3 +178,36 @@ def test_non_streaming_disconnect_aborts_engine_request(deploy):
         time.sleep(0.3)
     print(f"\nafter the client left: unfinished per replica {dict(busy)}")
     assert len(busy) == 2 and not any(busy.values())
+
+
+def test_hung_engine_is_detected_and_replaced(deploy):
+    """SIGSTOP one replica's engine: the one-token probe times out, the health check fails, and
+    Serve replaces the replica; meanwhile and afterwards requests are served."""
+    url = deploy("llm_aware")
+    handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
+    stats = handle.stats.remote().result(timeout_s=30)
+    victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        replaced_s = None
+        while time.monotonic() - t0 < 150:
+            seen = {handle.stats.remote().result(timeout_s=30).extra["replica_id"]
+                    for _ in range(6)}  # fmt: skip
+            d = serve.status().applications["routing"].deployments[f"llm-{NAME}"]
+            if victim not in seen and d.replica_states == {"RUNNING": 2} and len(seen) == 2:
+                replaced_s = time.monotonic() - t0
+                break
+            time.sleep(2)
+        statuses = [httpx.post(f"{url}/v1/completions", timeout=60, json={
+            "model": NAME, "prompt": f"after {i}", "max_tokens": 8}).status_code
+            for i in range(6)]  # fmt: skip
+        print(f"\nhung engine's replica replaced after {replaced_s} s; then {statuses}")
+        assert replaced_s is not None, "the hung replica was not replaced"
+        assert statuses == [200] * 6
+    finally:
+        try:  # the stopped engine process must not outlive the test
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
