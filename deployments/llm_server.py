@@ -110,9 +110,12 @@ class LLMServer:
         s = self._engine.stats()
         if not self._num_probing:
             return s
+        unfinished = max(0, s.num_unfinished - self._num_probing)
         return dataclasses.replace(
             s, num_running=max(0, s.num_running - self._num_probing),
-            num_unfinished=max(0, s.num_unfinished - self._num_probing),
+            num_unfinished=unfinished,
+            # With only the probe in the engine, no client request holds a KV block.
+            kv_cache_usage=s.kv_cache_usage if unfinished else 0.0,
         )  # fmt: skip
 
     def stats(self) -> EngineStats:
