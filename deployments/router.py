@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -27,6 +26,7 @@ from deployments.admission_gate import Gate, Ticket
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.generation import GenerationError
 from deployments.request_log import RequestTrail
+from deployments.request_path import OpenStream, outcome_of, prompt_chars, sse, timeout_field
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import (
     OpenAIError,
@@ -70,52 +70,9 @@ async def _unexpected(_: Request, e: Exception) -> JSONResponse:
     return _error_response(OpenAIError(500, "internal server error", type="server_error"))
 
 
-class _OpenStream:
-    """A generation whose first item has arrived (so errors surface as an HTTP status)."""
-
-    def __init__(self, builder: ResponseBuilder, first, rest: DeploymentResponseGenerator,
-                 usage: bool, ticket: Ticket, headers: dict[str, str],
-                 trail: RequestTrail) -> None:  # fmt: skip
-        self.trail = trail
-        self.builder = builder
-        self.first = first
-        self.rest = rest
-        self.include_usage = usage
-        self.ticket = ticket
-        self.headers = headers  # response headers: rate limits, clamping notes
-
-
-def _sse(data: dict[str, Any] | str, event: str | None = None) -> ServerSentEvent:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return ServerSentEvent(data=text, event=event)
-
-
-def _timeout_field(body: dict[str, Any]) -> float | None:
-    value = body.get("timeout")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OpenAIError(400, "timeout must be a number of seconds", param="timeout")
-    return float(value)
-
-
-def _outcome(e: BaseException) -> tuple[str, str]:
-    """(outcome, code) of a request that ended with `e`, for metrics and the access log."""
-    if isinstance(e, OpenAIError):
-        return str(e.status), e.code or ""
-    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
-        return "cancelled", ""
-    return "500", ""
-
-
-def _prompt_chars(gen) -> int:
-    if gen.messages is not None:
-        return sum(len(m["content"]) for m in gen.messages)
-    return len(gen.prompt)
-
-
-# Helpers used by Router methods live above the class: @serve.ingress pickles the FastAPI app,
-# and with it the route methods by value, while this module is still being imported.
+# Helpers used by Router methods live above the class or in deployments/request_path.py:
+# @serve.ingress pickles the FastAPI app, and with it the route methods, by value while this
+# module is still being imported.
 @serve.deployment
 @serve.ingress(app)
 class Router:
@@ -217,7 +174,7 @@ class Router:
             trail.finish("ok")
             return response
         except BaseException as e:
-            trail.finish(*_outcome(e))
+            trail.finish(*outcome_of(e))
             raise
 
     def _trail(self, kind: str, request_id: str) -> RequestTrail:
@@ -270,7 +227,7 @@ class Router:
             trail.finish("ok")
             return result
         except BaseException as e:
-            trail.finish(*_outcome(e))
+            trail.finish(*outcome_of(e))
             raise
 
     async def _handle_stream(self, kind: Kind, body: dict[str, Any], api_key: str | None):
@@ -284,7 +241,7 @@ class Router:
                 yield chunk
             trail.finish("ok")
         except BaseException as e:
-            trail.finish(*_outcome(e))
+            trail.finish(*outcome_of(e))
             raise
 
     def queue_stats(self) -> dict[str, dict[str, int]]:
@@ -303,7 +260,7 @@ class Router:
         tenant: TenantConfig,
         session_id: str | None = None,
         trail: RequestTrail | None = None,
-    ) -> _OpenStream:
+    ) -> OpenStream:
         trail = trail or self._trail(kind, "")
         trail.priority = tenant.priority
         req = parse_request(kind, body)
@@ -319,9 +276,9 @@ class Router:
         response_id = f"{ID_PREFIX[kind]}-{uuid.uuid4().hex}"
         gen = req.to_generation(response_id, self._config.http.max_n)
         model = self._config.model(req.model)
-        terms = request_terms(tenant, req.model, gen.max_tokens, _timeout_field(body),
+        terms = request_terms(tenant, req.model, gen.max_tokens, timeout_field(body),
                               model.max_tokens_default)  # fmt: skip
-        num_tokens = estimate_prompt_tokens(_prompt_chars(gen)) + terms.max_tokens * req.n
+        num_tokens = estimate_prompt_tokens(prompt_chars(gen)) + terms.max_tokens * req.n
         trail.model = req.model
         with tracing.tracer.start_as_current_span("admit") as span:
             ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
@@ -347,7 +304,7 @@ class Router:
         if self._config.http.debug_headers and first.replica_id:
             headers["x-replica"] = first.replica_id
         builder = ResponseBuilder(kind, response_id, req.model, req.n)
-        return _OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail)
+        return OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail)
 
     async def _dispatch(self, handle: DeploymentHandle, gen, ticket: Ticket, session: str):
         """Sends to a replica and waits for its first item. A replica that fails before any
@@ -390,7 +347,7 @@ class Router:
             raise OpenAIError(504, "the request's deadline passed during generation",
                               code="deadline_exceeded") from None  # fmt: skip
 
-    async def _chunks(self, s: _OpenStream) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, s: OpenStream) -> AsyncIterator[dict[str, Any]]:
         """OpenAI stream chunks; raises OpenAIError if the engine fails mid-stream."""
         done = False
         try:
@@ -422,26 +379,26 @@ class Router:
             self._gate.finish(s.ticket, usage["total_tokens"])
             self._dispatched.pop(s.ticket.entry_id, None)
 
-    async def _collect(self, s: _OpenStream) -> dict[str, Any]:
+    async def _collect(self, s: OpenStream) -> dict[str, Any]:
         async for _ in self._chunks(s):
             pass
         return s.builder.response()
 
     async def _sse_events(
-        self, s: _OpenStream, trail: RequestTrail
+        self, s: OpenStream, trail: RequestTrail
     ) -> AsyncIterator[ServerSentEvent]:
         outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
         try:
             async for chunk in self._chunks(s):
-                yield _sse(chunk)
+                yield sse(chunk)
             outcome = ("ok", "")
         except OpenAIError as e:
-            outcome = _outcome(e)
-            yield _sse(e.body(), event="error")
+            outcome = outcome_of(e)
+            yield sse(e.body(), event="error")
         except Exception:  # a bug of ours: still end the stream the way clients expect
             logger.exception("stream %s failed", s.builder.id)
             outcome = ("500", "")
-            yield _sse(OpenAIError(500, "internal server error").body(), event="error")
+            yield sse(OpenAIError(500, "internal server error").body(), event="error")
         finally:
             trail.finish(*outcome)
-        yield _sse("[DONE]")
+        yield sse("[DONE]")
