@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from serve_app import tracing
 from serve_app.admission import Admit, AdmissionPolicy, Queue, Reject
 from serve_app.config import AppConfig, ModelConfig, TenantConfig
 from serve_app.openai_protocol import OpenAIError
@@ -32,6 +33,7 @@ class Ticket:
     deadline_s: float  # on the gate's monotonic clock
     rate_headers: dict[str, str]
     queue_wait_s: float = 0.0
+    admitted_at: float = 0.0  # when it passed the rate limits, on the gate's clock
     finished: bool = field(default=False)
     expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
 
@@ -99,6 +101,25 @@ class Gate:
         self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
     ) -> Ticket:
         """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors."""
+        with tracing.tracer.start_as_current_span("rate_limit") as span:
+            span.set_attribute("llmserve.tenant", tenant.name)
+            ticket = self._check_limits(tenant, model, num_tokens, timeout_s)
+        with tracing.tracer.start_as_current_span("queue_wait") as span:
+            try:
+                await self._enter_queue(ticket, self.priority(tenant), timeout_s)
+            except BaseException:
+                self._concurrent[tenant.name] -= 1
+                self._limiters[tenant.name].settle(num_tokens, 0, self._clock())
+                ticket.finished = True
+                raise
+            ticket.queue_wait_s = self._clock() - ticket.admitted_at
+            span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
+        return ticket
+
+    def _check_limits(
+        self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
+    ) -> Ticket:
+        """The tenant's token buckets and concurrency cap; a ticket holding both, or 429."""
         now = self._clock()
         limiter = self._limiters[tenant.name]
         decision = limiter.try_admit(num_tokens, now)
@@ -118,7 +139,7 @@ class Gate:
                 headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
             )  # fmt: skip
         ticket = Ticket(f"q{next(self._ids)}", tenant.name, model, num_tokens,
-                        now + timeout_s, headers)  # fmt: skip
+                        now + timeout_s, headers, admitted_at=now)  # fmt: skip
         cap = tenant.max_concurrent_requests
         if cap is not None and self._concurrent[tenant.name] >= math.ceil(cap * self._share):
             limiter.settle(num_tokens, 0, now)
@@ -128,14 +149,6 @@ class Gate:
                 code="concurrency_limit_exceeded", headers={**headers, "Retry-After": "1"},
             )  # fmt: skip
         self._concurrent[tenant.name] += 1
-        try:
-            await self._enter_queue(ticket, self.priority(tenant), timeout_s)
-        except BaseException:
-            self._concurrent[tenant.name] -= 1
-            limiter.settle(num_tokens, 0, self._clock())
-            ticket.finished = True
-            raise
-        ticket.queue_wait_s = self._clock() - now
         return ticket
 
     async def _enter_queue(self, ticket: Ticket, priority: int, timeout_s: float) -> None:

@@ -45,7 +45,7 @@ class LLMServer:
     ) -> None:
         self._num_router_replicas = num_router_replicas
         tracing = tracing or TracingConfig()
-        tracing_.configure_tracing(tracing.exporter, tracing.file_path)
+        tracing_.configure_tracing(**tracing.model_dump())
         if model.deployment.cpu_nice:
             os.nice(model.deployment.cpu_nice)  # inherited by the engine process it spawns
         # Idempotent: a no-op when the model is already prepared on this node.

@@ -11,6 +11,7 @@ import asyncio
 import json
 from typing import Any
 
+from opentelemetry.trace import Span
 from ray.serve.handle import DeploymentResponseGenerator
 from sse_starlette import ServerSentEvent
 
@@ -24,8 +25,9 @@ class OpenStream:
 
     def __init__(self, builder: ResponseBuilder, first, rest: DeploymentResponseGenerator,
                  usage: bool, ticket: Ticket, headers: dict[str, str],
-                 trail: RequestTrail) -> None:  # fmt: skip
+                 trail: RequestTrail, span: Span) -> None:  # fmt: skip
         self.trail = trail
+        self.span = span  # "stream": first token to the last, ended by the Router
         self.builder = builder
         self.first = first
         self.rest = rest

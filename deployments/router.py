@@ -91,7 +91,7 @@ class Router:
         # deadlines (one timer for all instead of a timeout around every chunk).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
         self._metrics = RouterMetrics()
-        tracing.configure_tracing(self._config.tracing.exporter, self._config.tracing.file_path)
+        tracing.configure_tracing(**self._config.tracing.model_dump())
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def _housekeeping(self) -> None:
@@ -304,7 +304,9 @@ class Router:
         if self._config.http.debug_headers and first.replica_id:
             headers["x-replica"] = first.replica_id
         builder = ResponseBuilder(kind, response_id, req.model, req.n)
-        return OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail)
+        # Not the current span: the stream is consumed later, possibly in another task.
+        span = tracing.tracer.start_span("stream", attributes={"llmserve.model": req.model})
+        return OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail, span)
 
     async def _dispatch(self, handle: DeploymentHandle, gen, ticket: Ticket, session: str):
         """Sends to a replica and waits for its first item. A replica that fails before any
@@ -375,6 +377,9 @@ class Router:
             if not done:
                 s.rest.cancel()  # aborts the engine request and frees its KV blocks
             usage = s.builder.usage()
+            s.span.set_attribute("llmserve.completion_tokens", usage["completion_tokens"])
+            s.span.set_attribute("llmserve.completed", done)
+            s.span.end()
             s.trail.num_completion_tokens = usage["completion_tokens"]
             self._gate.finish(s.ticket, usage["total_tokens"])
             self._dispatched.pop(s.ticket.entry_id, None)

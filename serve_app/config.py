@@ -263,6 +263,12 @@ class TracingConfig(_Strict):
         default=None, description="None: the standard OTEL_TRACES_EXPORTER variable decides."
     )
     file_path: str | None = Field(default=None, description="For exporter 'file' (JSON lines).")
+    otlp_endpoint: str | None = Field(
+        default=None, description="For exporter 'otlp'. None: OTEL_EXPORTER_OTLP_ENDPOINT decides."
+    )
+    otlp_protocol: Literal["grpc", "http/protobuf"] | None = Field(
+        default=None, description="For exporter 'otlp'. None: OTEL_EXPORTER_OTLP_PROTOCOL (grpc)."
+    )
 
 
 class AppConfig(_Strict):

@@ -33,7 +33,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _propagator = TraceContextTextMapPropagator()
-_provider = TracerProvider(resource=Resource.create({"service.name": "llmserve"}))
+# process.pid tells a trace's reader which Ray worker (Router or replica) a span came from.
+_provider = TracerProvider(
+    resource=Resource.create({"service.name": "llmserve", "process.pid": os.getpid()})
+)
 tracer = _provider.get_tracer("llmserve")
 _configured = threading.Lock()
 _exporter_in_use: str | None = None
@@ -62,7 +65,12 @@ class JsonLinesSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def configure_tracing(exporter: str | None = None, file_path: str | None = None) -> str:
+def configure_tracing(
+    exporter: str | None = None,
+    file_path: str | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: str | None = None,
+) -> str:
     """Attach the span exporter once per process; returns the exporter in use."""
     global _exporter_in_use
     with _configured:
@@ -72,11 +80,14 @@ def configure_tracing(exporter: str | None = None, file_path: str | None = None)
         if choice == "console":
             _provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         elif choice == "otlp":
-            if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") == "grpc":
+            protocol = otlp_protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             else:
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            # endpoint=None lets the exporter read the standard OTEL_EXPORTER_OTLP_* variables.
+            exporter_ = OTLPSpanExporter(endpoint=otlp_endpoint)
+            _provider.add_span_processor(BatchSpanProcessor(exporter_))
         elif choice == "file":
             if not file_path:
                 raise ValueError("tracing exporter 'file' needs tracing.file_path")

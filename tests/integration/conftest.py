@@ -105,10 +105,13 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
     }  # fmt: skip
 
 
-def sim_app_args() -> dict:
-    """A second app: two Router replicas over a simulated engine, no anonymous access."""
+def sim_app_args(otlp_endpoint: str) -> dict:
+    """A second app: two Router replicas over a simulated engine, no anonymous access; its
+    spans go over OTLP/HTTP to the test's in-memory receiver."""
     return {
         "router": {"num_replicas": 2, "num_cpus": 0.25},
+        "tracing": {"exporter": "otlp", "otlp_protocol": "http/protobuf",
+                    "otlp_endpoint": otlp_endpoint},
         "models": [{"name": "sim-model", "source": "simulated",
                     "simulation": {"step_s": 0.005},
                     "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25}}],
@@ -119,7 +122,17 @@ def sim_app_args() -> dict:
 
 
 @pytest.fixture(scope="session")
-def serve_app(model_dirs):
+def otlp():
+    """Spans of the sim app, received over OTLP/HTTP and kept in memory."""
+    from tests.integration.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="session")
+def serve_app(model_dirs, otlp):
     """Starts Ray and the app once; yields the base URL."""
     import ray
     from ray import serve
@@ -133,7 +146,7 @@ def serve_app(model_dirs):
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     t0 = time.monotonic()
     serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")
-    serve.run(build_app(sim_app_args()), name="sim", route_prefix=SIM_PREFIX)
+    serve.run(build_app(sim_app_args(otlp.endpoint)), name="sim", route_prefix=SIM_PREFIX)
     print(f"\napps ready in {time.monotonic() - t0:.1f} s")
     try:
         yield f"http://127.0.0.1:{PORT}"

@@ -6,7 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from tests.integration.conftest import DEFAULT, KEYS, TRACE_FILE
+import httpx
+
+from tests.integration.conftest import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE
 
 SERVE_LOGS = Path("/tmp/ray/session_latest/logs/serve")
 
@@ -27,8 +29,8 @@ def test_one_trace_spans_router_and_replica(http):
               "max_tokens": 4})  # fmt: skip
     assert r.status_code == 200
     assert r.headers["traceparent"].split("-")[1] == trace_id
-    wanted = {"POST /v1/chat/completions", "authenticate", "admit", "dispatch",
-              "llmserver.generate"}  # fmt: skip
+    wanted = {"POST /v1/chat/completions", "authenticate", "admit", "rate_limit", "queue_wait",
+              "dispatch", "llmserver.generate", "stream"}  # fmt: skip
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not wanted <= {s["name"] for s in _spans(trace_id)}:
         time.sleep(0.3)
@@ -37,11 +39,48 @@ def test_one_trace_spans_router_and_replica(http):
     assert wanted <= set(spans)
     root = spans["POST /v1/chat/completions"]
     assert root["parent_id"] == "b7ad6b7169203331"  # continues the client's trace
-    for name in ("authenticate", "admit", "dispatch"):
+    for name in ("authenticate", "admit", "dispatch", "stream"):
         assert spans[name]["parent_id"] == root["span_id"]
+    for name in ("rate_limit", "queue_wait"):
+        assert spans[name]["parent_id"] == spans["admit"]["span_id"]
     # The replica's span, in another process, hangs under the Router's dispatch span.
     assert spans["llmserver.generate"]["parent_id"] == spans["dispatch"]["span_id"]
     assert spans["dispatch"]["attributes"]["llmserve.replica"]
+
+
+def test_spans_reach_an_otlp_collector_with_router_to_replica_links(base_url, otlp):
+    """The sim app exports over OTLP/HTTP; the test's in-memory receiver is the collector."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/chat/completions", timeout=30, headers={
+        "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+        "Authorization": f"Bearer {KEYS['metered']}"},
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}],
+              "max_tokens": 8, "stream": True})  # fmt: skip
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    assert r.headers["traceparent"].split("-")[1] == trace_id
+    wanted = {f"POST {SIM_PREFIX}/v1/chat/completions", "authenticate", "admit", "rate_limit",
+              "queue_wait", "dispatch", "llmserver.generate", "stream"}  # fmt: skip
+    deadline = time.monotonic() + 30  # the batch exporter sends every 5 s
+    while time.monotonic() < deadline and not wanted <= {s["name"] for s in otlp.trace(trace_id)}:
+        time.sleep(0.5)
+    spans = {s["name"]: s for s in otlp.trace(trace_id)}
+    print("\n" + "\n".join(f"{n}: pid {s['process_pid']} parent {s['parent_id']}"
+                            for n, s in spans.items()))  # fmt: skip
+    assert wanted <= set(spans), f"missing {wanted - set(spans)}"
+    root = spans[f"POST {SIM_PREFIX}/v1/chat/completions"]
+    assert root["parent_id"] == "00f067aa0ba902b7"
+    for name in ("authenticate", "admit", "dispatch", "stream"):
+        assert spans[name]["parent_id"] == root["span_id"]
+    for name in ("rate_limit", "queue_wait"):
+        assert spans[name]["parent_id"] == spans["admit"]["span_id"]
+    replica = spans["llmserver.generate"]
+    assert replica["parent_id"] == spans["dispatch"]["span_id"]
+    assert replica["process_pid"] != root["process_pid"]  # really another process
+    assert "first_token" in replica["events"]
+    assert replica["attributes"]["llmserve.replica"] == spans["dispatch"]["attributes"][
+        "llmserve.replica"]  # fmt: skip
+    assert spans["stream"]["attributes"]["llmserve.completion_tokens"] == 8
+    assert spans["rate_limit"]["attributes"]["llmserve.tenant"] == "metered"
 
 
 def test_access_log_line_per_request(http):

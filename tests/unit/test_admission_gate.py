@@ -565,3 +565,51 @@ async def test_priority_levels_come_from_the_config():
     )  # fmt: skip
     assert gate.priority(tenants["gold"]) == 5
     assert gate.priority(tenants["lead"]) == 9
+
+
+# ----------------------------------------------------------------------------------- spans
+
+
+@pytest.fixture
+def spans():
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from serve_app import tracing
+
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    tracing._provider.add_span_processor(processor)
+    yield exporter
+    processor.shutdown()  # later spans no longer reach this exporter
+
+
+async def test_rate_limit_and_queue_wait_are_separate_spans_of_one_trace(spans):
+    gate, tenants, clock = make_gate(max_ongoing_requests=1)
+    from serve_app import tracing
+
+    with tracing.tracer.start_as_current_span("request") as root:
+        first = await gate.admit(tenants["t"], MODEL, 10, 60)
+        waiting = spawn(gate, tenants["t"])
+        await settle()
+        clock.now_s += 2.5
+        gate.finish(first, 10)
+        second = await waiting
+    got = [(s.name, s.parent.span_id if s.parent else None) for s in spans.get_finished_spans()]
+    root_id = root.get_span_context().span_id
+    assert got.count(("rate_limit", root_id)) == 2 and got.count(("queue_wait", root_id)) == 2
+    waits = [s.attributes["llmserve.queue_wait_s"] for s in spans.get_finished_spans()
+             if s.name == "queue_wait"]  # fmt: skip
+    assert sorted(waits) == [0.0, 2.5] == sorted([first.queue_wait_s, second.queue_wait_s])
+
+
+async def test_a_rate_limited_request_ends_in_an_error_rate_limit_span_and_no_queue_span(spans):
+    from opentelemetry.trace import StatusCode
+
+    gate, tenants, _ = make_gate(LIMITED)
+    for _ in range(2):
+        gate.finish(await gate.admit(tenants["t"], MODEL, 10, 60), 10)
+    spans.clear()
+    await refused(gate.admit(tenants["t"], MODEL, 10, 60))
+    [span] = spans.get_finished_spans()
+    assert span.name == "rate_limit" and span.status.status_code == StatusCode.ERROR
