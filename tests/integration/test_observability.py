@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,7 +133,7 @@ def send_traffic(http: httpx.Client) -> dict[str, int]:
     return statuses
 
 
-def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, prometheus):
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, prometheus, tmp_path):
     statuses: dict[str, int] = {}
     with httpx.Client(base_url=serve_app, timeout=120) as http:
         for round_ in range(3):  # spread out, so rate() over [1m] sees counters increase
@@ -188,6 +189,23 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
     assert 0 < ttft_sum[0] <= e2e_sum[0]
     kv = finite(query(prometheus, f'ray_vllm_kv_cache_usage_perc{{model_name="{DEFAULT}"}}'))
     assert kv and all(0 <= v <= 1 for v in kv)
+    render_the_dashboard(prometheus, tmp_path)
+
+
+def render_the_dashboard(prometheus: str, tmp_path: Path) -> None:
+    """The README's picture of the dashboard comes from here: every non-GPU panel has a line.
+    Set LLMSERVE_DASHBOARD_PNG to keep the image."""
+    from observability import render_dashboard as rd
+
+    end = time.time()
+    collected = rd.collect(rd.json.loads(rd.DASHBOARD.read_text()),
+                           rd.fetch_range(prometheus, end - 300, end, 2.0))  # fmt: skip
+    empty = [name for name, _, series in collected if not series and "GPU" not in name]
+    assert not empty, f"panels without data: {empty}"
+    out = Path(os.environ.get("LLMSERVE_DASHBOARD_PNG") or tmp_path / "dashboard.png")
+    rd.render(collected, out, "llmserve dashboard (integration test run)")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    print(f"\n{out}: {len(collected)} panels, {out.stat().st_size} bytes")
 
 
 def test_status_once_shows_each_model(serve_app, capsys):
