@@ -4,6 +4,8 @@
     llmserve check serve_config.yaml     # validate args and model sources, print the models
     llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
                     [--interval 2] [--once]  # live per-model view: replicas, queue, TTFT, tokens/s
+    llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
+                  [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from serve_app import memory_plan as mp
 from serve_app import model_source
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, EngineConfig
 
 
 def app_configs(path: Path) -> list[AppConfig]:
@@ -42,6 +45,110 @@ def _prepare(config: AppConfig) -> None:
             print(f"{m.name}: {src.kind} source {src.value}")
 
 
+def _hf_config_path(model, cache: Path) -> Path:
+    """Where a configured model's config.json is on this machine, or why there is none."""
+    src = model_source.parse_source(model.source)
+    if src.kind == "hub":
+        raise mp.MemoryPlanError(
+            f"source {src.value!r} is a hub id and its config.json is not on this machine; "
+            "download it and run `llmserve plan --hf-config PATH`"
+        )
+    if src.kind == "pypi":
+        path = model_source.prepared_dir(model, cache) / "config.json"
+        if not path.exists():
+            raise mp.MemoryPlanError(f"{path} does not exist; run `llmserve prepare` first")
+        return path
+    return Path(src.value) / "config.json"
+
+
+def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, args) -> None:
+    engine = configured_engine or EngineConfig()
+    hf = mp.load_hf_config(hf_path)
+    shape = mp.ModelShape.from_hf_config(hf)
+    kv_dtype = args.kv_cache_dtype or engine.kv_cache_dtype
+    group = args.group_size or mp.group_size_of(hf)
+    common = dict(kv_cache_dtype=kv_dtype, dtype_bytes=mp.dtype_bytes_for(engine.dtype),
+                  context_len=args.context_len)  # fmt: skip
+    user_block = args.block_size or engine.extra.get("block_size")
+    if args.device_memory is not None:
+        util = args.utilization if args.utilization is not None else engine.gpu_memory_utilization
+        block = user_block or mp.CUDA_BLOCK_SIZE
+        where = (f"GPU {args.device_memory / mp.GiB:.1f} GiB x {util:g} utilization, "
+                 f"{args.overhead / mp.GiB:.1f} GiB overhead")  # fmt: skip
+        plans = [mp.plan_gpu(shape, mp.scheme(s, group), device_memory_bytes=args.device_memory,
+                             utilization=util, overhead_bytes=args.overhead, block_size=block,
+                             **common) for s in mp.COMPARED_SCHEMES]  # fmt: skip
+    else:
+        space = args.cpu_kv_space or (engine.cpu_kv_cache_space_gib or 0) * mp.GiB
+        if not space:
+            raise mp.MemoryPlanError(
+                "give --device-memory for a GPU, or set engine.cpu_kv_cache_space_gib "
+                "(or --cpu-kv-space) for vLLM's CPU backend"
+            )
+        block = user_block or mp.CPU_BLOCK_SIZE
+        where = f"vLLM CPU backend, KV space {space / mp.GiB:g} GiB (VLLM_CPU_KVCACHE_SPACE)"
+        plans = [mp.plan_cpu(shape, mp.scheme(s, group), kv_cache_space_bytes=space,
+                             block_size=block, **common) for s in mp.COMPARED_SCHEMES]  # fmt: skip
+    configured = mp.configured_scheme(engine.quantization, hf)
+    print(f"{name}: {shape.model_type}, {mp.describe_params(plans[0].params)} ({hf_path})")
+    print(f"  {where}; blocks of {block} tokens; KV cache dtype {kv_dtype}; int4 group {group}")
+    print(mp.render_table(plans, configured))
+    for note in _plan_notes(plans, configured, shape, configured_engine):
+        print(f"  ({note})")
+    print()
+
+
+def _plan_notes(plans, configured: str | None, shape, engine: EngineConfig | None) -> list[str]:
+    notes = []
+    if configured is None and engine is not None:
+        notes.append(f"configured quantization {engine.quantization!r} is none of these schemes")
+    if shape.model_type not in mp.DENSE_DECODERS:
+        notes.append(f"model_type {shape.model_type!r}: figures assume a Llama-style layout")
+    if plans[0].kv_budget_bytes < 0:
+        notes.append("16-bit weights and the overhead exceed the memory: no KV cache at all")
+    if engine is None:  # --hf-config: no engine limits to compare with
+        return notes
+    mine = next((p for p in plans if p.scheme == configured), plans[0])
+    if engine.max_model_len and mine.num_kv_tokens < engine.max_model_len:
+        notes.append(f"{mine.scheme}: KV holds fewer tokens than max_model_len "
+                     f"{engine.max_model_len}: vLLM would refuse to start")  # fmt: skip
+    if mine.max_concurrent_seqs > engine.max_num_seqs:
+        notes.append(f"{mine.scheme}: KV holds {mine.max_concurrent_seqs:,} sequences; the "
+                     f"engine runs at most max_num_seqs={engine.max_num_seqs} at once")  # fmt: skip
+    return notes
+
+
+def _plan(args, configs_path: Path) -> int:
+    if args.hf_config is not None:
+        path = args.hf_config.expanduser().absolute()
+        label = path.parent.name if path.name == "config.json" else path.stem
+        targets = [(label or str(path), None, None)]
+    else:
+        targets = [(m.name, m, c.cache_dir()) for c in app_configs(configs_path) for m in c.models]
+    failed = 0
+    for name, model, cache in targets:  # model None: the --hf-config file
+        try:
+            if model is None:
+                _plan_one(name, path, None, args)
+            elif model.source == "simulated":
+                print(f"{name}: simulated engine, nothing to plan\n")
+            else:
+                _plan_one(name, _hf_config_path(model, cache), model.engine, args)
+        except (mp.MemoryPlanError, model_source.ModelSourceError) as e:
+            print(f"llmserve plan: {name}: {e}", file=sys.stderr)
+            failed += 1
+    print("* the configured scheme (or the checkpoint's). Embeddings, lm_head, norms and biases "
+          "stay in the model dtype under every scheme.")  # fmt: skip
+    return 1 if failed else 0
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return mp.parse_size(text)
+    except mp.MemoryPlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmserve")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,7 +163,34 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     st.add_argument("--once", action="store_true",
                     help="print one table (two scrapes an interval apart) and exit")  # fmt: skip
+    pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
+    pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
+    pl.add_argument("--device-memory", type=_size_arg,
+                    help="GPU memory, e.g. 80GiB; without it: vLLM's CPU backend")
+    pl.add_argument("--utilization", type=float,
+                    help="fraction vLLM may use (default: the model's gpu_memory_utilization)")
+    pl.add_argument("--context-len", type=int, default=2048,
+                    help="average tokens per sequence (prompt + output)")
+    pl.add_argument("--overhead", type=_size_arg, default=mp.DEFAULT_OVERHEAD_BYTES,
+                    help="GPU memory for activations, CUDA graphs and context (default 2GiB)")
+    pl.add_argument("--block-size", type=int, help="KV block tokens (default 16 GPU, 128 CPU)")
+    pl.add_argument("--kv-cache-dtype", help="auto or fp8 (default: the model's)")
+    pl.add_argument("--group-size", type=int, help="int4 group size (default: checkpoint's, 128)")
+    pl.add_argument("--cpu-kv-space", type=_size_arg,
+                    help="CPU backend KV space (default: the model's cpu_kv_cache_space_gib)")
+    pl.add_argument("--hf-config", type=Path, help="plan this config.json instead of CONFIG")
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        for flag in ("utilization", "context_len", "block_size", "group_size"):
+            value = getattr(args, flag)
+            if value is not None and (value <= 0 or (flag == "utilization" and value > 1)):
+                parser.error(f"--{flag.replace('_', '-')} must be positive"
+                             + (" and at most 1" if flag == "utilization" else ""))  # fmt: skip
+        try:
+            return _plan(args, args.config)
+        except (ValidationError, OSError, yaml.YAMLError) as e:
+            print(f"llmserve plan: {e}", file=sys.stderr)
+            return 1
     if args.command == "status":
         from serve_app import status
 
