@@ -79,6 +79,7 @@ class Gate:
             )
             for m in config.models
         }
+        self._live_replicas: dict[str, int] = {}  # unknown until the first refresh
         self._waiters: dict[str, asyncio.Future] = {}
         self._concurrent: Counter[str] = Counter()
         self._ids = itertools.count()
@@ -223,10 +224,26 @@ class Gate:
                 self._fail_waiter(model, r)
 
     def set_live_replicas(self, model: str, num_replicas: int) -> None:
+        self._live_replicas[model] = num_replicas
         capacity = self._capacity(self._models[model], num_replicas)
         queue = self._queues[model]
         if capacity != queue.capacity:
             self._start(queue.set_capacity(capacity, self._clock()))
+
+    def not_ready(self) -> dict[str, str]:
+        """Models that cannot serve now, with why; empty when the app is ready for traffic.
+        A model allowed to scale to zero is ready with no replica: its first request starts one."""
+        reasons = {}
+        for name, model in self._models.items():
+            a = model.deployment.autoscaling
+            if a is not None and a.min_replicas == 0:
+                continue
+            live = self._live_replicas.get(name)
+            if live is None:
+                reasons[name] = "replica count not known yet"
+            elif live == 0:
+                reasons[name] = "no replica running"
+        return reasons
 
     def rate_headers(self, tenant: TenantConfig) -> dict[str, str]:
         return self._limiters[tenant.name].status(self._clock()).headers()

@@ -145,6 +145,16 @@ class Router:
     async def http_health(self) -> JSONResponse:
         return JSONResponse({"status": "ok", "models": self._gate.snapshot()})
 
+    @app.get("/readyz")
+    async def http_ready(self) -> JSONResponse:
+        """For load balancers and Kubernetes readiness probes: 200 once every model serves."""
+        waiting = self._gate.not_ready()
+        if waiting:
+            what = "; ".join(f"{m}: {why}" for m, why in sorted(waiting.items()))
+            raise OpenAIError(503, f"not ready: {what}", code="not_ready",
+                              headers={"Retry-After": "5"})  # fmt: skip
+        return JSONResponse({"status": "ready", "models": sorted(self._handles)})
+
     @app.post("/v1/chat/completions")
     async def http_chat(self, request: Request):
         return await self._http(request, "chat")

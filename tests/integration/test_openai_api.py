@@ -156,6 +156,16 @@ def test_server_keeps_serving_after_bad_input(http, client):
     assert http.get("/healthz").status_code == 200
 
 
+def test_readyz_says_ready_once_every_model_has_a_running_replica(http):
+    # The Router learns replica counts every 2 s; the app is up, so it must turn ready.
+    deadline = time.monotonic() + 15
+    while (r := http.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    assert DEFAULT in r.json()["models"]
+
+
 def test_client_request_id_and_trace_are_continued(http):
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     r = http.post(CHAT, json={"model": DEFAULT, "messages": PARIS, "max_tokens": 2},

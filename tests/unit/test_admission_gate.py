@@ -613,3 +613,26 @@ async def test_a_rate_limited_request_ends_in_an_error_rate_limit_span_and_no_qu
     await refused(gate.admit(tenants["t"], MODEL, 10, 60))
     [span] = spans.get_finished_spans()
     assert span.name == "rate_limit" and span.status.status_code == StatusCode.ERROR
+
+
+# ------------------------------------------------------------------------------- readiness
+
+
+def test_not_ready_until_every_model_has_a_running_replica():
+    config = AppConfig.model_validate({"models": [
+        {"name": "a", "source": "org/a"},
+        {"name": "b", "source": "org/b"},
+        {"name": "zero", "source": "org/z",
+         "deployment": {"autoscaling": {"min_replicas": 0, "max_replicas": 2}}},
+    ]})  # fmt: skip
+    gate = Gate(config, config.tenants, 1, clock=FakeClock())
+    assert gate.not_ready() == {"a": "replica count not known yet",
+                                "b": "replica count not known yet"}  # fmt: skip
+    gate.set_live_replicas("a", 1)
+    gate.set_live_replicas("b", 0)
+    assert gate.not_ready() == {"b": "no replica running"}
+    gate.set_live_replicas("b", 2)
+    # A model that may scale to zero is ready without replicas: its first request starts one.
+    assert gate.not_ready() == {}
+    gate.set_live_replicas("a", 0)  # a replica died and is being replaced
+    assert gate.not_ready() == {"a": "no replica running"}
