@@ -166,6 +166,14 @@ def http(serve_app):
         yield client
 
 
+def serve_log_dir() -> Path:
+    """This session's Serve logs (not /tmp/ray/session_latest: another Ray may have started
+    since on the same machine)."""
+    from ray._private import worker
+
+    return Path(worker._global_node.get_logs_dir_path()) / "serve"
+
+
 def llm_handle(model: str):
     from ray import serve
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import httpx
 
-from tests.integration.conftest import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE
+from tests.integration.conftest import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE, serve_log_dir
 
-SERVE_LOGS = Path("/tmp/ray/session_latest/logs/serve")
 
 
 def _spans(trace_id: str) -> list[dict]:
@@ -90,7 +88,7 @@ def test_access_log_line_per_request(http):
     deadline = time.monotonic() + 10
     line = None
     while time.monotonic() < deadline and line is None:
-        for f in SERVE_LOGS.glob("replica_llmserve_Router_*.log"):
+        for f in serve_log_dir().glob("replica_llmserve_Router_*.log"):
             for text in f.read_text(errors="replace").splitlines():
                 if '"request_id": "access-log-test-1"' in text:
                     line = text
@@ -111,8 +109,9 @@ def test_api_keys_never_reach_logs_or_traces(http):
         http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
     time.sleep(2)
-    places = [TRACE_FILE, *SERVE_LOGS.parent.glob("*.log"), *SERVE_LOGS.parent.glob("*.err"),
-              *SERVE_LOGS.parent.glob("*.out"), *SERVE_LOGS.glob("*.log")]  # fmt: skip
+    logs = serve_log_dir()
+    places = [TRACE_FILE, *logs.parent.glob("*.log"), *logs.parent.glob("*.err"),
+              *logs.parent.glob("*.out"), *logs.glob("*.log")]  # fmt: skip
     leaks = [
         (p.name, name) for p in places if p.is_file()
         for name, key in KEYS.items() if key in p.read_text(errors="replace")
