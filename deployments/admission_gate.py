@@ -102,10 +102,10 @@ class Gate:
         self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
     ) -> Ticket:
         """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors."""
-        with tracing.tracer.start_as_current_span("rate_limit") as span:
+        with tracing.tracer.start_as_current_span("rate_limit", record_exception=False) as span:
             span.set_attribute("llmserve.tenant", tenant.name)
             ticket = self._check_limits(tenant, model, num_tokens, timeout_s)
-        with tracing.tracer.start_as_current_span("queue_wait") as span:
+        with tracing.tracer.start_as_current_span("queue_wait", record_exception=False) as span:
             try:
                 await self._enter_queue(ticket, self.priority(tenant), timeout_s)
             except BaseException:

@@ -38,7 +38,10 @@ class OpenStream:
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> ServerSentEvent:
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return ServerSentEvent(data=text, event=event)
+    # "\n" line ends, as OpenAI and vLLM send: an event carries its own separator (the
+    # response's `sep` does not apply to it), and sse_starlette's default is "\r\n", which
+    # clients that split frames on "\n\n" (vllm.benchmarks.serve among them) cannot parse.
+    return ServerSentEvent(data=text, event=event, sep="\n")
 
 
 def timeout_field(body: dict[str, Any]) -> float | None:

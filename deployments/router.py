@@ -29,9 +29,12 @@ from deployments.request_log import RequestTrail
 from deployments.request_path import OpenStream, outcome_of, prompt_chars, sse, timeout_field
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
     OpenAIError,
     ResponseBuilder,
     models_list,
+    openapi_extra,
     parse_json_body,
     parse_request,
 )
@@ -137,9 +140,12 @@ class Router:
 
     # ------------------------------------------------------------------------------ HTTP routes
 
-    @app.get("/v1/models")
-    async def http_models(self) -> dict[str, Any]:
-        return models_list(list(self._handles), self._created)
+    @app.get("/v1/models", openapi_extra=openapi_extra(errors=(401,)))
+    async def http_models(self, request: Request) -> dict[str, Any]:
+        # Keys are checked here too, and a tenant sees only the models it may use.
+        tenant = self._directory.authenticate(request.headers.get("authorization"))
+        allowed = [m for m in self._handles if tenant.models is None or m in tenant.models]
+        return models_list(allowed, self._created)
 
     @app.get("/healthz")
     async def http_health(self) -> JSONResponse:
@@ -155,11 +161,11 @@ class Router:
                               headers={"Retry-After": "5"})  # fmt: skip
         return JSONResponse({"status": "ready", "models": sorted(self._handles)})
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_extra(ChatCompletionRequest))
     async def http_chat(self, request: Request):
         return await self._http(request, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_extra(CompletionRequest))
     async def http_completions(self, request: Request):
         return await self._http(request, "completion")
 
@@ -167,7 +173,7 @@ class Router:
         trail = self._trail(kind, request.scope.get("state", {}).get("request_id", ""))
         try:
             # The key is checked before the body is even read: no work for strangers.
-            with tracing.tracer.start_as_current_span("authenticate"):
+            with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
                 tenant = self._directory.authenticate(request.headers.get("authorization"))
             trail.tenant = tenant.name
             request.state.response_headers = {**self._gate.rate_headers(tenant),
@@ -276,10 +282,11 @@ class Router:
         req = parse_request(kind, body)
         handle = self._handles.get(req.model)
         if handle is None:
+            # Only the models this tenant may use: the others are none of its business.
+            known = [m for m in self._handles if tenant.models is None or m in tenant.models]
             raise OpenAIError(
                 404,
-                f"The model '{req.model}' does not exist. Known models: "
-                f"{', '.join(sorted(self._handles))}",
+                f"The model '{req.model}' does not exist. Known models: {', '.join(sorted(known))}",
                 param="model",
                 code="model_not_found",
             )
@@ -290,7 +297,9 @@ class Router:
                               model.max_tokens_default)  # fmt: skip
         num_tokens = estimate_prompt_tokens(prompt_chars(gen)) + terms.max_tokens * req.n
         trail.model = req.model
-        with tracing.tracer.start_as_current_span("admit") as span:
+        # A refusal (429, 503) is an answer, not a crash: no traceback on the span. Formatting
+        # one for every 429 of a flood took a tenth of the Router's event loop.
+        with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
             ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         trail.queue_wait_s = ticket.queue_wait_s
@@ -342,6 +351,9 @@ class Router:
                 continue
             if isinstance(first, GenerationError):
                 if first.code == "replica_unhealthy" and attempt == 1:
+                    # Retry elsewhere: the refusing replica scores best (it holds nothing) until
+                    # it exits, so the request router must be told to skip it.
+                    gen = dataclasses.replace(gen, avoid_replica_id=first.replica_id)
                     continue
                 raise OpenAIError(first.status, first.message, param=first.param,
                                   code=first.code, type=first.type)  # fmt: skip

@@ -12,7 +12,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from serve_app.generation import GenerationChunk, GenerationRequest
 
@@ -105,6 +105,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise OpenAIError(400, f"request body is not valid JSON: {e.msg} at position {e.pos}")
     except RecursionError:
         raise OpenAIError(400, "request body is nested too deeply") from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise OpenAIError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "request body must be a JSON object")
     return body
@@ -112,36 +114,60 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------------- requests
 
+# Every integer that reaches the engine must fit in 64 bits: vLLM fails on a bigger one deep in its
+# request serialization, which looked like a broken replica (503 after a retry), not a 400.
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+
+def _integral_float(value: Any) -> Any:
+    # JSON has one number type: 16.0 is the integer 16 (JSON Schema agrees), 16.5 is not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(ge: int = I64_MIN, le: int = I64_MAX) -> Any:
+    """An integer field: a JSON number without a fraction, within [ge, le]."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral_float)]
+
+
+Int64 = _int()
+
+
+# Strict: a field gets the JSON type that the schema (served at /openapi.json) gives it, as with
+# OpenAI; pydantic's lax mode took `"stream": "true"` or `"max_tokens": true` and made them valid.
+STRICT = ConfigDict(strict=True)
+
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class _Request(BaseModel):
     # allow_inf_nan=False: Python's json accepts NaN/Infinity, which would reach vLLM otherwise
     # (e.g. repetition_penalty=Infinity, logit_bias values NaN).
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: _int(1) | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1)
+    n: _int(1) = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    seed: int | None = None
+    seed: Int64 | None = None
     user: str | None = Field(default=None, max_length=256)
     logit_bias: dict[str, float] | None = None
     # vLLM's extra sampling parameters, as its own OpenAI server accepts them.
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: _int(-1) | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool | None = None
-    min_tokens: int | None = Field(default=None, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: _int(0) | None = None
+    stop_token_ids: list[Int64] | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
@@ -185,12 +211,14 @@ class _Request(BaseModel):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -204,7 +232,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Request):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: _int(1) | None = None
 
     def to_generation(self, request_id: str, max_n: int) -> GenerationRequest:
         self._unsupported(("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "audio"))
@@ -226,9 +254,9 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[Int64] | list[str] | list[list[Int64]]
     echo: bool = False
-    best_of: int | None = Field(default=None, ge=1)
+    best_of: _int(1) | None = None
 
     def to_generation(self, request_id: str, max_n: int) -> GenerationRequest:
         self._unsupported(("suffix", "logprobs"))
@@ -365,6 +393,72 @@ def _finish_reason(engine_reason: str | None) -> str | None:
     # vLLM says "abort" when it stopped a request itself; to a client that is an error, reported
     # separately, so it never shows as a finish_reason.
     return engine_reason if engine_reason in ("stop", "length") else None
+
+
+# --------------------------------------------------------------------------------------- OpenAPI
+
+# What a generation route may answer besides 200; a 500 is never intended, so it is not listed.
+ERROR_STATUSES = {
+    400: "Bad input: the body, a field (`param` names it), or a prompt past the context window.",
+    401: "Missing, malformed or unknown API key (where a key is required).",
+    404: "Unknown model, or one this tenant may not use.",
+    413: "Body larger than `http.max_request_body_bytes`.",
+    429: "Over the tenant's rate or concurrency limit; see `Retry-After`.",
+    503: "Overloaded (queue full or too long a wait) or no healthy replica; see `Retry-After`.",
+    504: "The request's deadline passed.",
+}
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "string"}},
+    }},
+}  # fmt: skip
+
+
+# One event of a `stream: true` answer (OpenAPI 3.1 reads a text/event-stream schema per event):
+# `data:` a chunk as JSON, then `data: [DONE]`; a failure mid-stream is an `event: error`.
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}},
+}
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its `$defs` inlined (they are not recursive here), so that it
+    stands alone inside an OpenAPI document."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(defs[node["$ref"].rsplit("/", 1)[1]])
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+def openapi_extra(request_model: type[BaseModel] | None = None,
+                  errors: tuple[int, ...] = tuple(ERROR_STATUSES)) -> dict[str, Any]:  # fmt: skip
+    """FastAPI `openapi_extra` for a route: the JSON body it reads (the routes take the raw
+    request, so FastAPI cannot see it) and every error it may answer, so that /openapi.json
+    documents the API that is served."""
+    content = {"application/json": {"schema": _ERROR_SCHEMA}}
+    extra: dict[str, Any] = {"responses": {
+        str(code): {"description": ERROR_STATUSES[code], "content": content} for code in errors}}
+    if request_model is not None:
+        schema = _inline_refs(request_model.model_json_schema())
+        extra["requestBody"] = {"required": True,
+                                "content": {"application/json": {"schema": schema}}}
+        extra["responses"]["200"] = {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}
+    return extra  # fmt: skip
 
 
 def models_list(names: list[str], created: int) -> dict[str, Any]:

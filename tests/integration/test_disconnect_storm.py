@@ -1,0 +1,214 @@
+"""A storm of client disconnects: hundreds of streams dropped at random points leave nothing behind.
+
+200 streams against a simulated model behind two Router replicas (its own app here, without rate
+limits, so that every stream is admitted or queued) and 40 against the real tiny model, each ended
+by the client at a random point: before the response headers (task cancelled), right after them,
+after a random number of SSE chunks, or by a client timeout on a non-streamed request. Afterwards
+the engines run and hold nothing, KV usage is back to idle, and the Routers' in-flight and queue
+gauges (Ray's metrics export) and /healthz read zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from ray import serve
+
+from serve_app.app import build_app
+from tests.integration.conftest import METRICS_PORT, TINY, engine_stats
+
+PREFIX = "/storm"
+APP = "storm"
+MODEL = "storm-sim"
+NUM_SIM_STREAMS = 200
+NUM_TINY_STREAMS = 40
+MAX_NUM_SEQS = 16  # the simulated engine runs 16 at once and keeps a waiting line
+ROUTER_CAP = 48  # in flight per model, over both Router replicas: the rest wait in their queues
+DRAIN_S = 30
+
+
+def storm_app() -> dict:
+    return {
+        "router": {"num_replicas": 2, "num_cpus": 0.25},
+        "models": [{"name": MODEL, "source": "simulated",
+                    # 20 ms a step: a 100-token stream lasts about 2 s, long enough to be cut.
+                    "simulation": {"step_s": 0.02},
+                    "engine": {"max_num_seqs": MAX_NUM_SEQS},
+                    "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25}}],
+        "admission": {"max_queue_len": 256, "max_queue_wait_s": 60},
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def storm_url(serve_app):
+    serve.run(build_app(storm_app()), name=APP, route_prefix=PREFIX)
+    yield f"{serve_app}{PREFIX}"
+    serve.delete(APP)
+
+
+def sim_stats():
+    return serve.get_deployment_handle(f"llm-{MODEL}", app_name=APP).stats.remote().result(
+        timeout_s=30
+    )
+
+
+def gauges(metric: str, application: str, model: str) -> dict[str, float]:
+    """A Router gauge of one model, per Router replica, from Ray's metrics export."""
+    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if (line.startswith(metric + "{") and f'application="{application}"' in line
+                and f'model="{model}"' in line):  # fmt: skip
+            labels, value = line.rsplit(" ", 1)
+            replica = labels.split('replica="', 1)[1].split('"', 1)[0]
+            values[f"{metric.removeprefix('ray_llmserve_')}[{replica}]"] = float(value)
+    return values
+
+
+async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Random) -> str:
+    """One request the client gives up on at a random point; returns how it ended."""
+    body = {"model": model, "prompt": "Tell me a long story", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    how = rng.choices(["cancel-task", "close-at-headers", "close-after-chunks", "timeout"],
+                      weights=[2, 2, 5, 1])[0]  # fmt: skip
+    if how == "cancel-task":  # gone before or during admission and dispatch
+        task = asyncio.create_task(c.post("/v1/completions", json=body))
+        await asyncio.sleep(rng.uniform(0, 0.3))
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return how
+        return "finished-first"
+    if how == "timeout":  # a non-streamed request whose client stops waiting
+        try:
+            await c.post("/v1/completions", json={**body, "stream": False},
+                         timeout=rng.uniform(0.05, 1.0))  # fmt: skip
+            return "finished-first"
+        except httpx.TimeoutException:
+            return how
+    async with c.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        if how == "close-at-headers":
+            return how
+        wanted, got = rng.randint(1, max_tokens // 2), 0
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                got += 1
+                if got >= wanted:
+                    return how  # leaving the block closes the connection mid-stream
+    return "finished-first"
+
+
+async def storm(url: str, model: str, num: int, max_tokens: int, seed: int) -> Counter:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=num + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
+        tasks = []
+        for _ in range(num):
+            tasks.append(asyncio.create_task(one(c, model, max_tokens, rng)))
+            await asyncio.sleep(rng.uniform(0, 0.01))  # all launched within about a second
+        return Counter(await asyncio.gather(*tasks))
+
+
+def wait_for(check, timeout_s: float = DRAIN_S):
+    """Polls `check()` (a dict of figures) until all are zero; returns (seconds, figures)."""
+    t0 = time.monotonic()
+    while True:
+        figures = check()
+        if not any(figures.values()) or time.monotonic() - t0 > timeout_s:
+            return time.monotonic() - t0, figures
+        time.sleep(0.5)
+
+
+def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
+    # Warm: the Routers' handles know the replica, so the storm measures the steady path.
+    for _ in range(4):
+        r = httpx.post(f"{storm_url}/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+        assert r.status_code == 200
+    busy: dict[str, float] = {}  # the peak of each figure while the storm lasts
+
+    def snapshot():
+        s = sim_stats()
+        queues = serve.get_app_handle(APP).queue_stats.remote().result(timeout_s=30)[MODEL]
+        for k, v in (("running", s.num_running), ("waiting", s.num_waiting),
+                     ("kv", s.kv_cache_usage), ("router in_flight", queues["in_flight"]),
+                     ("router queued", queues["queued"])):  # fmt: skip
+            busy[k] = max(busy.get(k, 0), v)
+
+    async def run():
+        task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, 100, seed=9))
+        for _ in range(8):  # mid-storm: the engine full, with waiting lines
+            await asyncio.sleep(0.4)
+            await asyncio.to_thread(snapshot)
+        return await task
+
+    t0 = time.monotonic()
+    endings = asyncio.run(run())
+    storm_s = time.monotonic() - t0
+    assert sum(endings.values()) == NUM_SIM_STREAMS
+    assert endings["finished-first"] < NUM_SIM_STREAMS / 10, endings
+
+    def engine():
+        s = sim_stats()
+        return {"running": s.num_running, "waiting": s.num_waiting,
+                "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
+
+    def routers():
+        return {**gauges("ray_llmserve_in_flight", APP, MODEL),
+                **gauges("ray_llmserve_queue_depth", APP, MODEL)}
+
+    engine_s, engine_after = wait_for(engine)
+    # The gauges are exported every 2 s and scraped every second: wait for a fresh export.
+    time.sleep(4)
+    router_s, router_after = wait_for(routers)
+    print(f"\n{NUM_SIM_STREAMS} streams on the simulated model, ended by the client in "
+          f"{storm_s:.1f} s: {dict(endings)}; mid-storm peaks {dict(busy)}; engine idle "
+          f"{engine_s:.1f} s after the last client left: {engine_after}; Router gauges after "
+          f"{router_s + 4:.1f} s: {router_after}")  # fmt: skip
+    assert busy["running"] == MAX_NUM_SEQS and busy["waiting"] > 0, "the engine was never full"
+    assert busy["router in_flight"] > 0
+    assert not any(engine_after.values()), engine_after
+    assert len(router_after) == 4, router_after  # in-flight and queue of each of 2 replicas
+    assert not any(router_after.values()), router_after
+    # And the model still serves.
+    r = httpx.post(f"{storm_url}/v1/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 5})  # fmt: skip
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url):
+    t0 = time.monotonic()
+    endings = asyncio.run(storm(base_url, TINY, NUM_TINY_STREAMS, 300, seed=7))
+    storm_s = time.monotonic() - t0
+    assert sum(endings.values()) == NUM_TINY_STREAMS
+
+    def engine():
+        s = engine_stats(TINY)
+        return {"running": s.num_running, "waiting": s.num_waiting,
+                "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
+
+    def router():
+        h = httpx.get(f"{base_url}/healthz", timeout=10).json()["models"][TINY]
+        return {"in_flight": h["in_flight"], "queued": h["queued"]}
+
+    engine_s, engine_after = wait_for(engine)
+    router_s, router_after = wait_for(router)
+    time.sleep(4)
+    exported = {**gauges("ray_llmserve_in_flight", "llmserve", TINY),
+                **gauges("ray_llmserve_queue_depth", "llmserve", TINY)}
+    print(f"\n{NUM_TINY_STREAMS} streams on {TINY}, ended by the client in {storm_s:.1f} s: "
+          f"{dict(endings)}; engine idle {engine_s:.1f} s later: {engine_after}; Router "
+          f"(/healthz) {router_after}; exported gauges {exported}")  # fmt: skip
+    assert not any(engine_after.values()), engine_after
+    assert not any(router_after.values()), router_after
+    assert exported and not any(exported.values()), exported
+    r = httpx.post(f"{base_url}/v1/completions", timeout=30,
+                   json={"model": TINY, "prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5

@@ -1,0 +1,395 @@
+"""Hostile input against the live app: fuzzing from the served OpenAPI schema, and the usual abuses.
+
+Every answer must be one that DESIGN.md documents (200, or an OpenAI-shaped 400, 401, 404, 413,
+429, 503, 504), never a 500 and never a hang; afterwards the engines hold no request and /healthz
+says so. The fuzzing reads the app's own /openapi.json (the Router documents each route's body
+and errors there) and drives the real tiny model (engine validation paths) and the simulated one
+behind two Router replicas, with a bounded number of examples so that the file stays short.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.integration.conftest import KEYS, MAX_BODY_BYTES, SIM_PREFIX, TINY, engine_stats
+
+DOCUMENTED = {200, 400, 401, 404, 413, 429, 503, 504}
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+SIM = "sim-model"
+SIM_KEY = {"Authorization": f"Bearer {KEYS['metered']}"}
+CLIENT_TIMEOUT_S = 30  # a request that takes longer counts as a hang
+# Fuzzed bodies get a 2 s deadline (the API's own `timeout` field) unless they carry one, so that a
+# valid body asking for 1000 tokens x 8 choices ends in a documented 504 instead of minutes.
+FUZZ_DEADLINE_S = 2
+# Schemathesis' own checks: a status and a body the schema documents, and every body that breaks
+# the schema refused with a 4xx. (Its `not_a_server_error` would count the documented 503 and 504;
+# `DOCUMENTED` is the stricter list.)
+CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
+          negative_data_rejection]  # fmt: skip
+
+
+def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text[:500]
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "code"} and err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    assert r.headers.get("x-request-id")
+    return err
+
+
+def sim_stats():
+    from ray import serve
+
+    return serve.get_deployment_handle("llm-sim-model", app_name="sim").stats.remote().result(
+        timeout_s=30
+    )
+
+
+def wait_idle(http: httpx.Client, timeout_s: float = 20) -> dict:
+    """Engines of the tiny and the simulated model hold no request; the Router nothing in flight."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tiny, sim = engine_stats(TINY), sim_stats()
+        health = http.get("/healthz")
+        models = health.json()["models"]
+        busy = {m: s for m, s in models.items() if s["in_flight"] or s["queued"]}
+        if not (tiny.num_unfinished or sim.num_unfinished or busy) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert health.status_code == 200
+    assert (tiny.num_unfinished, tiny.num_running, tiny.kv_cache_usage) == (0, 0, 0.0), tiny
+    assert (sim.num_unfinished, sim.num_running) == (0, 0), sim
+    assert not busy, models
+    return models
+
+
+# ----------------------------------------------------------------------------------- fuzzing
+
+
+@pytest.fixture(scope="module")
+def openapi(serve_app) -> dict:
+    r = httpx.get(f"{serve_app}/openapi.json", timeout=30)
+    assert r.status_code == 200
+    doc = r.json()
+    for path in (CHAT, COMPLETIONS):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
+        assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
+    return doc
+
+
+def _int(lo: int, hi: int, nullable: bool = True) -> dict:
+    schema = {"type": "integer", "minimum": lo, "maximum": hi}
+    return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
+
+
+# Limits that this deployment adds to the schema (http.max_n, the context window, the stop-string
+# rules, token ids): positive bodies drawn within them reach the engine instead of a 400.
+DEPLOYMENT_LIMITS = {
+    "n": _int(1, 8, nullable=False),
+    "best_of": {"type": "null"},
+    "max_tokens": _int(1, 16, nullable=False),
+    "max_completion_tokens": _int(1, 16),
+    "min_tokens": _int(0, 1),
+    "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
+                       {"type": "array", "maxItems": 16,
+                        "items": {"type": "string", "minLength": 1, "maxLength": 256}},
+                       {"type": "null"}]},
+    "stop_token_ids": {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                             "maximum": 40000}}, {"type": "null"}]},
+    "logit_bias": {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,4}$"},
+                              "additionalProperties": {"type": "number", "minimum": -100,
+                                                       "maximum": 100}}, {"type": "null"}]},
+    "prompt": {"anyOf": [{"type": "string", "minLength": 1},
+                         {"type": "array", "minItems": 1, "maxItems": 64,
+                          "items": {"type": "integer", "minimum": 0, "maximum": 40000}}]},
+}  # fmt: skip
+
+
+def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesis.BaseSchema:
+    """The served schema with `model` narrowed to one deployed model (a random string only ever
+    finds the 404, and the engine paths are where the input reaches vLLM), and optionally to this
+    deployment's limits, with `max_tokens` required and small so that a body runs in a blink."""
+    doc = copy.deepcopy(doc)
+    for path in (CHAT, COMPLETIONS):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        body["properties"]["model"] = {"type": "string", "enum": [model]}
+        if within_limits:
+            for name, schema in DEPLOYMENT_LIMITS.items():
+                if name in body["properties"]:
+                    body["properties"][name] = schema
+            body["required"] = [*body["required"], "max_tokens"]
+    return schemathesis.openapi.from_dict(doc)
+
+
+def fuzz(schema, path: str, url: str, mode: GenerationMode, num_examples: int,
+         headers: dict[str, str] | None = None, pause_s: float = 0.0) -> dict[int, int]:  # fmt: skip
+    statuses: dict[int, int] = {}
+    strategy = schema[path]["POST"].as_strategy(generation_mode=mode)
+
+    @settings(max_examples=num_examples, deadline=None, database=None, print_blob=True,
+              phases=[Phase.explicit, Phase.generate, Phase.shrink],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(case=strategy)
+    def one(case):
+        if isinstance(case.body, dict) and "timeout" not in case.body:
+            case.body["timeout"] = FUZZ_DEADLINE_S
+        t0 = time.monotonic()
+        r = case.call(base_url=url, headers=headers, timeout=CLIENT_TIMEOUT_S)
+        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+        assert r.status_code in DOCUMENTED, (r.status_code, r.text[:300], case.body)
+        case.validate_response(r, checks=CHECKS)
+        if r.status_code != 200:
+            err = r.json()["error"]
+            assert isinstance(err["message"], str) and err["message"], r.text
+        elif r.headers["content-type"][0].startswith("text/event-stream"):
+            # Schemathesis stops reading a stream after 20 events (a disconnect mid-stream).
+            events = [e for e in r.text.split("\n\n") if e.strip()]
+            assert getattr(r, "stream_cut_short", False) or events[-1] == "data: [DONE]", r.text
+            for e in events[:-1]:
+                assert e.startswith("data: {") and json.loads(e[len("data: "):]), e
+        else:
+            assert r.json()["choices"], r.text
+        assert r.headers.get("x-request-id") and r.headers.get("traceparent")
+        assert time.monotonic() - t0 < CLIENT_TIMEOUT_S
+        time.sleep(pause_s)
+
+    one()
+    return statuses
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_fuzzed_bodies_get_documented_answers(openapi, base_url, http, path):
+    t0 = time.monotonic()
+    sim_url = f"{base_url}{SIM_PREFIX}"
+    runs = {
+        # The real engine (tiny random model). Bodies that break the schema must be refused with
+        # a 4xx; bodies the schema allows get a documented answer, within this deployment's
+        # limits mostly a 200 (vLLM's own checks on sampling parameters answer 400).
+        "tiny negative": fuzz(for_model(openapi, TINY), path, base_url,
+                              GenerationMode.NEGATIVE, 40),
+        "tiny positive": fuzz(for_model(openapi, TINY), path, base_url,
+                              GenerationMode.POSITIVE, 12),
+        "tiny within limits": fuzz(for_model(openapi, TINY, within_limits=True), path, base_url,
+                                   GenerationMode.POSITIVE, 30),
+        # Two Router replicas and a key-only tenant (20 requests/s): paced under its rate.
+        "sim negative": fuzz(for_model(openapi, SIM), path, sim_url, GenerationMode.NEGATIVE, 20,
+                             SIM_KEY, pause_s=0.05),
+        "sim within limits": fuzz(for_model(openapi, SIM, within_limits=True), path, sim_url,
+                                  GenerationMode.POSITIVE, 20, SIM_KEY, pause_s=0.05),
+    }  # fmt: skip
+    models = wait_idle(http)
+    print(f"\n{path}: {time.monotonic() - t0:.1f} s; statuses by run: {runs}; afterwards {models}")
+    # The bodies within limits reached the engines and were served.
+    assert runs["tiny within limits"].get(200, 0) >= 10, runs
+    assert runs["sim within limits"].get(200, 0) >= 10, runs
+
+
+# ------------------------------------------------------------------------------ explicit abuse
+
+
+def test_prompt_past_the_context_window_is_a_400(http, base_url):
+    for body in ({"model": TINY, "prompt": list(range(100, 1200)), "max_tokens": 4},  # 1100 ids
+                 {"model": TINY, "prompt": "word " * 1500},
+                 {"model": TINY, "messages": [{"role": "user", "content": "word " * 1500}]},
+                 {"model": TINY, "prompt": "Hi", "max_tokens": 1024}):  # fmt: skip
+        t0 = time.monotonic()
+        path = CHAT if "messages" in body else COMPLETIONS
+        err = assert_openai_error(http.post(path, json=body), 400)
+        assert "maximum context length is 1024" in err["message"]
+        assert err["param"] in ("prompt", "messages", "max_tokens")
+        assert time.monotonic() - t0 < 5
+    r = httpx.post(f"{base_url}{SIM_PREFIX}{COMPLETIONS}", headers=SIM_KEY,
+                   json={"model": SIM, "prompt": "word " * 3000})  # fmt: skip
+    assert_openai_error(r, 400)
+
+
+def router_rss_bytes() -> int:
+    """Resident memory of the main app's Router replica process (from the GCS actor table: the
+    test cluster runs without the dashboard that ray.util.state needs)."""
+    import psutil
+    import ray
+
+    pids = [a["Pid"] for a in ray._private.state.actors().values()
+            if a["ActorClassName"] == "ServeReplica:llmserve:Router" and a["State"] == "ALIVE"]
+    assert len(pids) == 1, pids
+    return psutil.Process(pids[0]).memory_info().rss
+
+
+def test_oversized_bodies_are_413_at_once_and_leave_no_memory(http):
+    rss_before = router_rss_bytes()
+    million = json.dumps({"model": TINY, "messages": [{"role": "user", "content": "x"}] * 10**6})
+    t0 = time.monotonic()
+    assert_openai_error(http.post(CHAT, content=million.encode()), 413)  # declared length
+    declared_s = time.monotonic() - t0
+
+    def chunks():  # no content-length: the Router counts while it reads, and stops at the limit
+        yield b'{"model": "%s", "messages": [' % TINY.encode()
+        piece = b'{"role": "user", "content": "x"},' * 2000
+        for _ in range(400):  # ~25 MB
+            yield piece
+        yield b'{"role": "user", "content": "x"}]}'
+
+    t0 = time.monotonic()
+    err = assert_openai_error(http.post(CHAT, content=chunks()), 413)
+    chunked_s = time.monotonic() - t0
+    assert err["code"] == "request_too_large"
+    # The most messages that fit under the limit: parsed, rendered and refused for the context.
+    most = (MAX_BODY_BYTES - 100) // len('{"role":"user","content":""},')
+    body = json.dumps({"model": TINY, "messages": [{"role": "user", "content": ""}] * most},
+                      separators=(",", ":"))  # fmt: skip
+    assert len(body) < MAX_BODY_BYTES
+    t0 = time.monotonic()
+    r = http.post(CHAT, content=body.encode())
+    fitting_s = time.monotonic() - t0
+    assert_openai_error(r, 400, "messages")
+    rss_after = router_rss_bytes()
+    print(f"\n1M messages ({len(million) / 1e6:.0f} MB): 413 in {declared_s:.2f} s; "
+          f"~25 MB chunked: 413 in {chunked_s:.2f} s; {most} messages under the limit: 400 in {fitting_s:.2f} s; "
+          f"Router RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")  # fmt: skip
+    assert declared_s < 5 and fitting_s < 15
+    assert rss_after - rss_before < 200 * 2**20, "the Router kept what it was sent"
+    wait_idle(http)
+
+
+def test_bodies_that_are_not_json_objects_are_400s(http):
+    tiny = {"model": TINY, "prompt": "Hi", "max_tokens": 2}
+    cases = {
+        "empty": (b"", {}),
+        "invalid UTF-8": (b'{"model": "tiny", "prompt": "\xff\xfe\xc3"}', {}),
+        "form-encoded": (b"model=tiny&prompt=hi",
+                         {"content-type": "application/x-www-form-urlencoded"}),
+        "multipart": (b"--b\r\nContent-Disposition: form-data; name=model\r\n\r\nx\r\n--b--\r\n",
+                      {"content-type": "multipart/form-data; boundary=b"}),
+        "100000 levels of [": (b"[" * 100_000, {}),
+        "100000 levels inside a field": (
+            b'{"model": "%s", "prompt": ' % TINY.encode() + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            {}),
+        "an integer of 5000 digits": (
+            b'{"model": "x", "prompt": "Hi", "seed": ' + b"9" * 5000 + b"}", {}),
+        "NaN": (b'{"model": "%s", "prompt": "Hi", "temperature": NaN}' % TINY.encode(), {}),
+        "a JSON array": (b"[1, 2]", {}),
+        "a JSON string": (b'"hello"', {}),
+        "truncated": (json.dumps(tiny).encode()[:-5], {}),
+    }  # fmt: skip
+    for name, (content, headers) in cases.items():
+        for path in (CHAT, COMPLETIONS):
+            t0 = time.monotonic()
+            r = http.post(path, content=content, headers=headers)
+            assert_openai_error(r, 400)
+            assert time.monotonic() - t0 < 5, name
+    # JSON sent as text/plain is still JSON: served, as OpenAI's own server does.
+    r = http.post(COMPLETIONS, content=json.dumps(tiny), headers={"content-type": "text/plain"})
+    assert r.status_code == 200, r.text
+    assert http.get("/healthz").status_code == 200
+    wait_idle(http)
+
+
+def test_huge_n_best_of_and_logprobs_are_refused(http):
+    def chat(**kw):
+        return {"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                **kw}
+
+    def completion(**kw):
+        return {"model": TINY, "prompt": "Hi", "max_tokens": 2, **kw}
+
+    refused = [
+        (CHAT, chat(n=10**6), "n"), (CHAT, chat(n=2**70), "n"), (CHAT, chat(n=0), "n"),
+        (COMPLETIONS, completion(best_of=10**6), "best_of"),
+        (COMPLETIONS, completion(n=2, best_of=10**9), "best_of"),
+        (COMPLETIONS, completion(n=2**64, best_of=2**64), "n"),
+        (CHAT, chat(logprobs=True), "logprobs"),
+        (CHAT, chat(logprobs=True, top_logprobs=20), "logprobs"),
+        (CHAT, chat(top_logprobs=10**9), "top_logprobs"),
+        (CHAT, chat(top_logprobs=-1), "top_logprobs"),
+        (COMPLETIONS, completion(logprobs=5), "logprobs"),
+        (COMPLETIONS, completion(logprobs=10**9), "logprobs"),
+        (COMPLETIONS, completion(seed=2**70), "seed"),
+        (COMPLETIONS, completion(top_k=10**23), "top_k"),
+        (COMPLETIONS, completion(prompt=[2**64]), "prompt"),
+        (COMPLETIONS, completion(stop_token_ids=[2**64]), "stop_token_ids.0"),
+    ]  # fmt: skip
+    for path, body, param in refused:
+        t0 = time.monotonic()
+        assert_openai_error(http.post(path, json=body), 400, param)
+        assert time.monotonic() - t0 < 5, body
+    # The largest accepted values are served.
+    r = http.post(COMPLETIONS, json=completion(n=8, best_of=8, logprobs=0, seed=2**63 - 1,
+                                               top_k=2**63 - 1))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 8
+    r = http.post(CHAT, json=chat(logprobs=False, top_logprobs=None))
+    assert r.status_code == 200, r.text
+    wait_idle(http)
+
+
+def test_stop_strings_that_never_match_end_at_max_tokens(http):
+    stops = [f"{i:02d}" + "\u2603" * 254 for i in range(16)]  # 16 strings of 256 characters
+    t0 = time.monotonic()
+    r = http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi", "max_tokens": 40,
+                                     "stop": stops, "ignore_eos": True})  # fmt: skip
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 40
+    assert time.monotonic() - t0 < 20
+    for stop, param in ((stops + ["x"], "stop"), (["x" * 257], "stop"), ([""], "stop"),
+                        ([5], "stop.0")):  # fmt: skip
+        err = assert_openai_error(http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi",
+                                                               "stop": stop}), 400)  # fmt: skip
+        assert err["param"].startswith("stop"), (param, err)
+    wait_idle(http)
+
+
+WRONG_TYPES = [{"an": "object"}, [1, 2], "a string", 12, 1.5, True]
+
+
+def _wrong_values(prop: dict) -> list:
+    """Values of other JSON types than the field's schema allows."""
+    allowed = set()
+    for alt in prop.get("anyOf", [prop]):
+        t = alt.get("type")
+        allowed.update(t if isinstance(t, list) else [t])
+    wrong = []
+    for v in WRONG_TYPES:
+        kind = {dict: "object", list: "array", str: "string", int: "integer", float: "number",
+                bool: "boolean"}[type(v)]  # fmt: skip
+        if kind in allowed or (kind == "integer" and "number" in allowed):
+            continue
+        if "enum" in prop or "const" in prop:
+            continue
+        wrong.append(v)
+    return wrong
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_wrong_types_for_every_field_are_400s_naming_the_field(openapi, http, path):
+    schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    valid = ({"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+             if path == CHAT else {"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+    assert http.post(path, json=valid).status_code == 200
+    tried = []
+    for field, prop in schema["properties"].items():
+        for value in _wrong_values(prop):
+            r = http.post(path, json={**valid, field: value})
+            err = assert_openai_error(r, 400)
+            assert (err["param"] or "").split(".")[0] == field, (field, value, err)
+            tried.append(field)
+    print(f"\n{path}: {len(tried)} wrong-typed bodies over {len(set(tried))} fields, all 400")
+    assert len(set(tried)) == len(schema["properties"])
+    wait_idle(http)
