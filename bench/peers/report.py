@@ -1,0 +1,293 @@
+"""Results of a run: one JSON (dated, plus a stable `peers_latest.json`), a markdown report in
+which every figure also shows as a ratio to bare vLLM measured in the same run, and two plots."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.peers.spec import BASELINE
+
+LABELS = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve (this)"}
+# Columns: the baseline first, then the peer, then this platform.
+ORDER = ["vllm", "ray-serve-llm", "llmserve"]
+
+
+def write(results: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / f"peers-{stamp}.json",
+        "latest_json": out_dir / "peers_latest.json",
+        "markdown": out_dir / "peers_latest.md",
+        "throughput_png": out_dir / "peers_latest_throughput.png",
+        "latency_png": out_dir / "peers_latest_latency.png",
+    }
+    paths["json"].write_text(json.dumps(results, indent=2))
+    shutil.copyfile(paths["json"], paths["latest_json"])
+    paths["markdown"].write_text(markdown(results))
+    plot_throughput(results, paths["throughput_png"])
+    plot_latency(results, paths["latency_png"])
+    return paths
+
+
+# ------------------------------------------------------------------------------------ markdown
+
+
+@dataclass(frozen=True)
+class Row:
+    lead: list[str]  # the leading cells (level, metric)
+    get: Callable[[str], Any]  # system name -> value (None: not measured)
+    unit: str = ""  # "%" for shares, which get no ratio
+    ratio: bool = True  # show "(x1.23)" against the baseline
+
+
+def markdown(results: dict[str, Any]) -> str:
+    sections = [_header, _systems_section, _sweep_section, _open_loop_section, _mixed_section]
+    lines = [line for section in sections for line in section(results)]
+    lines += [f"Total run time {results.get('wall_s', 0) / 60:.1f} min. Plots: "
+              "`peers_latest_throughput.png`, `peers_latest_latency.png`.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+    w, m, v, model = r["workload"], r["machine"], r["versions"], r["model"]
+    dirty = " (dirty)" if v["git_dirty"] else ""
+    return [
+        f"# Benchmarks against peers ({r['mode']} run, {r['date']})", "",
+        f"Machine: {m['cpu_model']}, {m['physical_cores']} cores ({m['logical_cpus']} logical), "
+        f"{m['ram_gib']} GiB RAM, no GPU; load average at start {r['load_average_start']}, "
+        f"at end {r.get('load_average_end')}.",
+        f"Versions: vLLM {v['vllm']} ({v['vllm_distribution']}), Ray {v['ray']}, torch "
+        f"{v['torch']}, llmserve git {(v['git_sha'] or '?')[:10]}{dirty}.",
+        f"Model `{model['name']}`; engine args for every system: "
+        f"`{json.dumps(model['engine_args'])}`, VLLM_CPU_KVCACHE_SPACE="
+        f"{model['kv_cache_space_gib']} GiB.",
+        f"Requests: random tokens, {w['input_len']} in / {w['output_len']} out, ignore_eos, "
+        f"greedy, seed {w['seed']}; {w['num_warmups']} warm-up requests per system excluded. "
+        "Client: `vllm.benchmarks.serve` (streaming `/v1/completions`). Ratios: system / bare "
+        "vLLM in this run (for latencies, above 1 is slower).", "",
+    ]  # fmt: skip
+
+
+def _systems_section(r: dict[str, Any]) -> list[str]:
+    entry = lambda s: r["systems"][s]  # noqa: E731
+    rows = [
+        Row(["ready after (s)"], lambda s: entry(s).get("ready_s"), ratio=False),
+        Row(["stopped in (s)"], lambda s: (entry(s).get("stop") or {}).get("stop_s"), ratio=False),
+        Row(["stopped cleanly"], lambda s: _stopped(entry(s).get("stop")), ratio=False),
+        Row(["process niceness"], lambda s: _niceness(entry(s)), ratio=False),
+        Row(["error"], lambda s: (entry(s).get("error") or "-").splitlines()[0][:80], ratio=False),
+    ]
+    return ["## Systems", "", *_table(r, ["stage"], rows), ""]
+
+
+def _sweep_section(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for c in r["workload"]["concurrencies"]:
+        def get(field, c=c):
+            return lambda s: _lookup(r, s, "sweep", "concurrency", c, field)
+
+        lead = str(c)
+        rows += [Row([lead, "requests/s"], get("request_throughput")),
+                 Row([lead, "output tokens/s"], get("output_throughput")),
+                 Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
+                 Row([lead, "TTFT p99 (ms)"], get("ttft_p99_ms")),
+                 Row([lead, "TPOT p50 (ms)"], get("tpot_p50_ms")),
+                 Row([lead, "TPOT p99 (ms)"], get("tpot_p99_ms")),
+                 Row([lead, "not completed"], lambda s, c=c: _not_completed(r, s, c),
+                     ratio=False)]  # fmt: skip
+    return ["## (a) Concurrency sweep (closed loop)", "",
+            *_table(r, ["concurrency", "metric"], rows), ""]  # fmt: skip
+
+
+def _open_loop_section(r: dict[str, Any]) -> list[str]:
+    cap, w = r.get("capacity") or {}, r["workload"]
+    if not cap.get("rps"):
+        return []
+    rows = []
+    for x in w["loads_x_capacity"]:
+        def get(field, x=x):
+            return lambda s: _lookup(r, s, "open_loop", "load_x_capacity", x, field)
+
+        lead = f"{x:g}x ({x * cap['rps']:.2f}/s)"
+        rows += [Row([lead, "goodput (req/s)"], get("goodput_rps")),
+                 Row([lead, "good share"], get("good_share"), "%"),
+                 Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
+                 Row([lead, "TTFT p99 of completed (ms)"], get("ttft_p99_ms")),
+                 Row([lead, "refused (429/503)"], get("refused_share"), "%"),
+                 Row([lead, "errors"], get("error_share"), "%")]  # fmt: skip
+    return [
+        "## (b) Open-loop Poisson load", "",
+        f"Capacity {cap['rps']:.3g} requests/s: {cap['definition']} Every system gets the same "
+        f"offered rates. Goodput: completed requests with TTFT <= {w['ttft_slo_ms']:g} ms and "
+        f"TPOT <= {w['tpot_slo_ms']:g} ms, per second from the first request sent to the last "
+        "one finished (vLLM's `--goodput`); good share: the same count over all requests "
+        "offered. Refused: 429/503.", "",
+        *_table(r, ["offered load", "metric"], rows), "",
+    ]  # fmt: skip
+
+
+def _mixed_section(r: dict[str, Any]) -> list[str]:
+    measured = [r["systems"][s]["mixed"] for s in _systems(r) if r["systems"][s].get("mixed")]
+    if not measured:
+        return []
+    mx, w = measured[0], r["workload"]
+
+    def get(cls, field):
+        return lambda s: ((r["systems"][s].get("mixed") or {}).get(cls) or {}).get(field)
+
+    rows = [Row(["interactive", "TTFT p50 (ms)"], get("interactive", "ttft_p50_ms")),
+            Row(["interactive", "TTFT p99 (ms)"], get("interactive", "ttft_p99_ms")),
+            Row(["interactive", "completed"], get("interactive", "completed"), ratio=False),
+            Row(["interactive", "refused"], get("interactive", "refused_share"), "%"),
+            Row(["batch", "TTFT p50 (ms)"], get("batch", "ttft_p50_ms")),
+            Row(["batch", "TTFT p99 (ms)"], get("batch", "ttft_p99_ms")),
+            Row(["batch", "output tokens/s"], get("batch", "output_throughput")),
+            Row(["batch", "refused"], get("batch", "refused_share"), "%")]  # fmt: skip
+    return [
+        "## (c) Interactive and batch at saturation", "",
+        f"{mx['batch_clients']} batch clients in a closed loop ({w['output_len']} tokens each) "
+        "keep more requests outstanding than the engine runs at once; once their first wave is "
+        f"through, interactive requests ({w['mixed_interactive_output_len']} tokens) arrive at "
+        f"{mx['interactive_rps']:g}/s for {w['mixed_window_s']:g} s. Batch figures: requests "
+        "sent in that window. llmserve knows the classes from the tenants' API keys (priority "
+        "interactive / batch); the peers get the same requests and cannot tell them apart.", "",
+        *_table(r, ["class", "metric"], rows), "",
+    ]  # fmt: skip
+
+
+def _table(results: dict[str, Any], head: list[str], rows: list[Row]) -> list[str]:
+    systems = _systems(results)
+    lines = ["| " + " | ".join(head + [LABELS.get(s, s) for s in systems]) + " |",
+             "|" + "---|" * (len(head) + len(systems))]  # fmt: skip
+    for row in rows:
+        base = row.get(BASELINE) if BASELINE in systems else None
+        cells = [_cell(row.get(s), base, row.unit, row.ratio and s != BASELINE) for s in systems]
+        lines.append("| " + " | ".join(row.lead + cells) + " |")
+    return lines
+
+
+def _cell(value: Any, base: Any, unit: str, ratio: bool) -> str:
+    text = _fmt(value, unit)
+    if ratio and unit != "%" and isinstance(value, (int, float)) and base not in (None, 0):
+        text += f" (x{value / base:.2f})"
+    return text
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if unit == "%":
+        return f"{100 * v:.0f}%"
+    if isinstance(v, float):
+        v = f"{v:.3g}" if abs(v) < 10 else f"{v:.0f}"
+    return f"{v}{unit}"
+
+
+def _systems(results: dict[str, Any]) -> list[str]:
+    present = results["systems"]
+    return [s for s in ORDER if s in present] + [s for s in present if s not in ORDER]
+
+
+def _lookup(results, system: str, scenario: str, key: str, value: Any, field: str) -> Any:
+    for row in results["systems"].get(system, {}).get(scenario) or []:
+        if row.get(key) == value:
+            return row.get(field)
+    return None
+
+
+def _stopped(stop: dict[str, Any] | None) -> str:
+    if not stop:
+        return "-"
+    text = "yes" if stop["clean"] else "NO"
+    if stop["killed"]:  # stragglers the harness had to SIGKILL after the grace period
+        text += f" ({len(stop['killed'])} killed)"
+    return text
+
+
+def _niceness(entry: dict[str, Any]) -> str:
+    """Distinct nice values of the system's processes (Ray runs its workers at 15; the client
+    runs at 0 beside them on the same cores)."""
+    values = sorted({p["nice"] for p in entry.get("processes", []) if "nice" in p})
+    return ", ".join(map(str, values)) or "-"
+
+
+def _not_completed(results, system: str, c: int) -> Any:
+    done = _lookup(results, system, "sweep", "concurrency", c, "completed")
+    total = _lookup(results, system, "sweep", "concurrency", c, "requests")
+    return None if done is None else total - done
+
+
+# --------------------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for s in _systems(results):
+        rows = results["systems"][s].get("sweep") or []
+        c = [row["concurrency"] for row in rows]
+        ax1.plot(c, [row["output_throughput"] for row in rows], marker="o", label=LABELS.get(s, s))
+        ax2.plot(c, [row["ttft_p50_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
+    for ax, title, ylabel in ((ax1, "Throughput vs concurrency", "output tokens/s"),
+                              (ax2, "TTFT p50 vs concurrency", "ms")):  # fmt: skip
+        _style(ax, title, "concurrent requests (closed loop)", ylabel)
+        _log2_ticks(ax, results["workload"]["concurrencies"], "{:g}")
+    ax2.set_yscale("log")
+    _save(plt, fig, results, path)
+
+
+def plot_latency(results: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    w = results["workload"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for s in _systems(results):
+        rows = results["systems"][s].get("open_loop") or []
+        x = [row["load_x_capacity"] for row in rows]
+        ax1.plot(x, [row["ttft_p99_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
+        ax2.plot(x, [row["goodput_rps"] for row in rows], marker="o", label=LABELS.get(s, s))
+    ax1.axhline(w["ttft_slo_ms"], color="grey", linestyle="--", linewidth=1, label="TTFT target")
+    for ax, title, ylabel in ((ax1, "TTFT p99 of completed requests vs load", "ms"),
+                              (ax2, "Goodput vs load", "requests/s within targets")):  # fmt: skip
+        _style(ax, title, "offered load (x capacity, Poisson)", ylabel)
+        _log2_ticks(ax, w["loads_x_capacity"], "{:g}x")
+    ax1.set_yscale("log")
+    _save(plt, fig, results, path)
+
+
+def _style(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+
+
+def _log2_ticks(ax, values: list[float], fmt: str) -> None:
+    """Levels double, so a log2 axis spaces them evenly; ticks at the levels, labelled plainly."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [fmt.format(v) for v in values])
+    ax.minorticks_off()
+
+
+def _save(plt, fig, results: dict[str, Any], path: Path) -> None:
+    m, w = results["machine"], results["workload"]
+    fig.suptitle(f"{results['model']['name']}, {w['input_len']} in / {w['output_len']} out; "
+                 f"{m['cpu_model']}, {m['physical_cores']} cores; {results['date']} "
+                 f"({results['mode']})", fontsize=8)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

