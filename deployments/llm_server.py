@@ -77,7 +77,8 @@ class LLMServer:
         if self._unhealthy_reason is not None:
             # Say so before any output, so that the Router retries on another replica.
             yield GenerationError(503, f"replica unavailable: {self._unhealthy_reason}",
-                                  type="service_unavailable_error", code="replica_unhealthy")  # fmt: skip
+                                  type="service_unavailable_error", code="replica_unhealthy",
+                                  replica_id=self._replica_id)  # fmt: skip
             return
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
@@ -100,6 +101,18 @@ class LLMServer:
                         item = dataclasses.replace(item, replica_id=self._replica_id)
                 first = False
                 yield item
+        except Exception as e:
+            if self._engine.stats().healthy:
+                # Re-raised as a plain error: the original may be a vLLM or torch type, and
+                # unpickling it in the Router would import vLLM there (seconds, and memory).
+                raise RuntimeError(f"engine error on {self._replica_id}: {e!r}") from None
+            # The engine died under this request. Say so as an item of the stream: the caller gets
+            # an item at once, but an exception only ~10 s later (measured by the chaos suite).
+            # Before the first token, the code makes the Router retry on another replica.
+            self._unhealthy_reason = "engine died"
+            yield GenerationError(503, "the model's engine died; retry",
+                                  type="service_unavailable_error", code="replica_unhealthy",
+                                  replica_id=self._replica_id)  # fmt: skip
         finally:
             # Runs on cancellation too: closing the engine stream aborts the engine request.
             await gen.aclose()

@@ -43,6 +43,11 @@ def replica_load(replica: RunningReplica, num_in_flight: int, now_s: float) -> R
     )
 
 
+def _avoided_replica(pending_request: Optional[PendingRequest]) -> str | None:
+    args = getattr(pending_request, "args", None) or ()
+    return getattr(args[0], "avoid_replica_id", None) if args else None
+
+
 class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._weights = ScoreWeights(**kwargs.get("weights", {}))
@@ -60,6 +65,10 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         candidate_replicas: List[RunningReplica],
         pending_request: Optional[PendingRequest] = None,
     ) -> List[List[RunningReplica]]:
+        avoid = _avoided_replica(pending_request)
+        if avoid is not None:  # a retry: not the replica that refused it, while there is another
+            candidate_replicas = [r for r in candidate_replicas
+                                  if r.replica_id.unique_id != avoid] or candidate_replicas  # fmt: skip
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]

@@ -21,6 +21,8 @@ def deployment_name(model: ModelConfig) -> str:
     return "llm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", model.name)
 
 
+ROUTER_GRACE_MARGIN_S = 5.0  # past the longest deadline: time to answer it
+
 ROUTERS = {
     "llm_aware": "deployments.request_router:LLMAwareRequestRouter",
     "round_robin": "deployments.request_router:RoundRobinRequestRouter",
@@ -102,12 +104,21 @@ def build_app(args: dict[str, Any]) -> Application:
                 "num_cpus": d.num_cpus,
                 "num_gpus": d.num_gpus,
                 "runtime_env": {"env_vars": d.env_vars} if d.env_vars else {},
+                **({"resources": dict(d.resources)} if d.resources else {}),
             },
         ).bind(model, str(cache_dir), tracing=config.tracing,
                num_router_replicas=config.router.num_replicas)
     r = config.router
+    # Ray Serve's default (20 s) would cut requests that may run for minutes on every change.
+    grace_s = r.graceful_shutdown_timeout_s or ROUTER_GRACE_MARGIN_S + max(
+        t.max_timeout_s for t in config.effective_tenants())
     return Router.options(
         num_replicas=r.num_replicas,
         max_ongoing_requests=r.max_ongoing_requests,
+        graceful_shutdown_timeout_s=grace_s,
+        # On a config change, start the new Router before stopping the old: Serve's default
+        # stops first, and requests arriving meanwhile wait in the proxy, where no deadline
+        # applies (the chaos suite saw them hang for as long as the new Router took to start).
+        max_surge_percent=100,
         ray_actor_options={"num_cpus": r.num_cpus},
     ).bind(config.model_dump(), handles)

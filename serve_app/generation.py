@@ -23,6 +23,8 @@ class GenerationRequest:
     priority: int = 0  # lower runs first, as in vLLM's priority scheduling
     echo: bool = False
     trace_headers: dict[str, str] | None = None  # W3C trace context of the caller's span
+    # On a retry: the replica that refused the first attempt, which the request router skips.
+    avoid_replica_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class GenerationError:
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    replica_id: str | None = None  # set by a replica that refuses the request (unhealthy)
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,30 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
 )  # fmt: skip
 def test_deployment_name(name, expected):
     assert deployment_name(ModelConfig(name=name, source="org/x")) == expected
+
+
+def test_custom_resources_reach_the_replicas_actor_options():
+    args = {"models": [{"name": "pinned", "source": "org/p",
+                        "deployment": {"num_cpus": 0, "resources": {"llm_slot": 1}}},
+                       {"name": "free", "source": "org/f"}]}  # fmt: skip
+    _, handles = build_app(args)._bound_deployment.init_args
+    assert handles["pinned"]._bound_deployment.ray_actor_options["resources"] == {"llm_slot": 1}
+    assert "resources" not in handles["free"]._bound_deployment.ray_actor_options
+
+
+@pytest.mark.parametrize("router, tenants, expected", [
+    ({}, [], 305.0),  # the anonymous tenant's max_timeout_s (300) + 5
+    ({}, [{"name": "anonymous", "max_timeout_s": 100, "default_timeout_s": 50},
+          {"name": "long", "max_timeout_s": 900, "default_timeout_s": 60}], 905.0),
+    ({"graceful_shutdown_timeout_s": 7}, [], 7.0),
+])  # fmt: skip
+def test_router_drains_for_as_long_as_the_longest_deadline(router, tenants, expected):
+    # Ray Serve's 20 s default would cut longer requests on every config change.
+    app = build_app({"models": [{"name": "m", "source": "org/m"}], "router": router,
+                     "tenants": tenants})  # fmt: skip
+    assert app._bound_deployment._deployment_config.graceful_shutdown_timeout_s == expected
+
+
+def test_router_is_replaced_new_before_old_on_a_config_change():
+    app = build_app({"models": [{"name": "m", "source": "org/m"}]})
+    assert app._bound_deployment._deployment_config.max_surge_percent == 100

@@ -376,3 +376,15 @@ async def test_round_robin_edge_cases():
     seen = [ids(await router.choose_replicas([replica("x"), replica("y")], None))[0][0]
             for _ in range(4)]
     assert sorted(seen) == ["x", "x", "y", "y"]
+
+
+async def test_a_retry_skips_the_replica_that_refused_it_while_another_exists():
+    # The refusing replica (its engine died) holds nothing, so it would win every comparison.
+    idle_but_dying, busy = replica("dying"), replica("busy", 0.1, num_waiting=20)
+    retry = request()
+    retry.args = [SimpleNamespace(avoid_replica_id="dying")]
+    router = llm_router()
+    for _ in range(20):
+        assert ids(await router.choose_replicas([idle_but_dying, busy], retry)) == [["busy"]]
+    # With no other replica, the request still goes somewhere rather than nowhere.
+    assert ids(await router.choose_replicas([idle_but_dying], retry)) == [["dying"]]

@@ -1,0 +1,163 @@
+"""Steady closed-loop load over HTTP, and what became of every request.
+
+Each client sends one request after another until told to stop; every other request streams. Each
+request carries a deadline (`"timeout"` in the body) that the Router enforces, and the client gives
+up only at deadline + margin: a request still unanswered then is a *hang*, the one outcome the
+platform promises never to produce. A failure is *clean* when it is answered the way the API
+promises: an OpenAI-shaped JSON error, or an SSE `error` event followed by `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass
+class Result:
+    model: str
+    stream: bool
+    start_s: float  # time.monotonic()
+    end_s: float
+    outcome: str  # ok | http_error | sse_error | truncated | hang | transport_error
+    status: int | None = None
+    clean: bool = True  # for failures: answered as the API promises
+    code: str = ""  # error code, or the exception's name
+    replica: str | None = None  # x-replica (the app runs with http.debug_headers)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def in_flight_at(self, t: float) -> bool:
+        return self.start_s <= t < self.end_s
+
+
+class Load:
+    """`num_clients` loops of requests for `model` at `url`; results gather in `.results`."""
+
+    def __init__(self, url: str, model: str, num_clients: int, max_tokens: int,
+                 deadline_s: float, margin_s: float = 10.0) -> None:  # fmt: skip
+        self.url, self.model = url, model
+        self.num_clients, self.max_tokens = num_clients, max_tokens
+        self.deadline_s, self.margin_s = deadline_s, margin_s
+        self.results: list[Result] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    def start(self) -> None:
+        """Runs the clients in a thread of their own (with its own event loop), so that the
+        scenario may block on Ray calls without stalling them."""
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops sending; waits for the requests in flight (bounded by deadline + margin)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    async def _run(self) -> None:
+        limits = httpx.Limits(max_connections=self.num_clients * 2)
+        async with httpx.AsyncClient(base_url=self.url, limits=limits,
+                                     timeout=self.deadline_s + self.margin_s) as self._client:  # fmt: skip
+            await asyncio.gather(*(self._loop(k) for k in range(self.num_clients)))
+
+    async def _loop(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            await self.one(stream=(i + k) % 2 == 0)
+            i += 1
+
+    async def one(self, stream: bool) -> Result:
+        n, self._count = self._count, self._count + 1
+        body = {"model": self.model, "prompt": f"chaos request {n}", "max_tokens": self.max_tokens,
+                "ignore_eos": True, "temperature": 0, "timeout": self.deadline_s,
+                "stream": stream}  # fmt: skip
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(self.deadline_s + self.margin_s):
+                if stream:
+                    r = await self._stream(body, start)
+                else:
+                    r = await self._plain(body, start)
+        except TimeoutError:
+            r = Result(self.model, stream, start, time.monotonic(), "hang", clean=False,
+                       code="client_timeout")  # fmt: skip
+        except httpx.HTTPError as e:
+            # A stream cut mid-body is "truncated"; anything else never got an answer.
+            outcome = "truncated" if isinstance(e, httpx.RemoteProtocolError) else "transport_error"
+            r = Result(self.model, stream, start, time.monotonic(), outcome, clean=False,
+                       code=type(e).__name__)  # fmt: skip
+        self.results.append(r)
+        return r
+
+    async def _plain(self, body: dict, start: float) -> Result:
+        resp = await self._client.post("/v1/completions", json=body)
+        end = time.monotonic()
+        replica = resp.headers.get("x-replica")
+        if resp.status_code == 200:
+            text = resp.json()["choices"][0]["text"]
+            if text:
+                return Result(self.model, False, start, end, "ok", 200, replica=replica)
+            return Result(self.model, False, start, end, "empty", 200, False, "empty", replica)
+        code, clean = _error_code(resp.content)
+        return Result(self.model, False, start, end, "http_error", resp.status_code, clean, code,
+                      replica)  # fmt: skip
+
+    async def _stream(self, body: dict, start: float) -> Result:
+        async with self._client.stream("POST", "/v1/completions", json=body) as resp:
+            replica = resp.headers.get("x-replica")
+            if resp.status_code != 200:
+                code, clean = _error_code(await resp.aread())
+                return Result(self.model, True, start, time.monotonic(), "http_error",
+                              resp.status_code, clean, code, replica)  # fmt: skip
+            event, error_code, done, finished = None, None, False, False
+            async for line in resp.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                    elif event == "error":
+                        error_code, _ = _error_code(data.encode())
+                    else:
+                        choices = json.loads(data).get("choices") or [{}]
+                        finished = finished or choices[0].get("finish_reason") is not None
+                    event = None
+            end = time.monotonic()
+        if error_code is not None:
+            return Result(self.model, True, start, end, "sse_error", 200, done, error_code, replica)
+        if done and finished:
+            return Result(self.model, True, start, end, "ok", 200, replica=replica)
+        return Result(self.model, True, start, end, "truncated", 200, False, "no_done", replica)
+
+
+@contextmanager
+def running(*workers):
+    """Starts the loads and watches given; stops them however the block ends, so that no thread
+    outlives a failed scenario (a watch would otherwise reconnect Ray to another cluster)."""
+    for w in workers:
+        w.start()
+    try:
+        yield
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def _error_code(raw: bytes) -> tuple[str, bool]:
+    """(error code, clean): clean when the body is the API's OpenAI-shaped error."""
+    try:
+        err = json.loads(raw)["error"]
+        return str(err.get("code") or err.get("type") or ""), bool(err.get("message"))
+    except (ValueError, KeyError, TypeError):
+        return raw[:60].decode(errors="replace"), False

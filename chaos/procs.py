@@ -1,0 +1,69 @@
+"""The processes of our own cluster by role, and their resident memory.
+
+Ray names its worker processes after the actor they host (`ray::ServeReplica:APP:DEPLOYMENT`,
+`ray::ProxyActor`); a vLLM engine core runs as `VLLM::EngineCore` below its replica. Only
+processes below this one are looked at, so another Ray instance on the machine is never touched.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+MB = 1024 * 1024
+
+
+def _title(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
+def _replica_of(title: str, app: str) -> str | None:
+    """The deployment a replica process serves, from its title: `ray::ServeReplica:APP:DEP`,
+    followed by `.method` while it runs one (our deployment names hold no such suffix)."""
+    head = title.split(" ", 1)[0]
+    prefix = f"ray::ServeReplica:{app}:"
+    if not head.startswith(prefix):
+        return None
+    deployment = head[len(prefix):]
+    base, _, method = deployment.rpartition(".")
+    return base if base and method.isidentifier() else deployment
+
+
+def serve_processes(app: str) -> dict[str, psutil.Process]:
+    """Role -> process: "proxy", "controller", "<deployment>[pid]" for each replica, and
+    "<deployment>[pid]/EngineCore" (and any other vLLM process) below a replica."""
+    found: dict[str, psutil.Process] = {}
+    for p in psutil.Process().children(recursive=True):
+        title = _title(p)
+        if title.startswith("ray::ProxyActor"):
+            found["proxy"] = p
+        elif title.startswith("ray::ServeController"):
+            found["controller"] = p
+        elif (deployment := _replica_of(title, app)) is not None:
+            found[f"{deployment}[{p.pid}]"] = p
+            for child in p.children(recursive=True):
+                if _title(child).startswith("VLLM::"):
+                    name = _title(child).split()[0].removeprefix("VLLM::")
+                    found[f"{deployment}[{p.pid}]/{name}[{child.pid}]"] = child
+    return found
+
+
+def rss_mb(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    out = {}
+    for role, p in procs.items():
+        try:
+            out[role] = round(p.memory_info().rss / MB, 1)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def replicas_below(pid: int, app: str, deployment: str) -> list[int]:
+    """Pids of `deployment`'s replica processes below process `pid` (a node's raylet)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p.pid for p in children if _replica_of(_title(p), app) == deployment]

@@ -1,0 +1,78 @@
+"""Scenario 1, replica death under load: three faults, each measured under steady load.
+
+(a) engine-kill: SIGKILL the vLLM engine core of one of two LLMServer replicas (tiny real model).
+    The replica's watchdog sees the dead engine and exits; Serve starts a replacement.
+(b) replica-kill: ray.kill one of two LLMServer replica actors (simulated model).
+(c) router-kill: ray.kill one of two Router replicas (simulated model behind them).
+(a) runs on a cluster of its own (`replica-death-engine`); (b) and (c) share one
+(`replica-death-actors`), (c) starting once (b)'s capacity is back, from a healthy app.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import ray
+from ray import serve
+
+from chaos.apps import APP, SIM, TINY, app_args, sim_model, tiny_model, tiny_model_dir
+from chaos.cluster import ChaosCluster
+from chaos.fault import Fault, run_fault
+from chaos.load import Load
+from chaos.watch import REPLICA_PREFIX, ReplicaWatch
+from serve_app.app import build_app
+
+LLM_TINY, LLM_SIM = f"llm-{TINY}", f"llm-{SIM}"
+
+
+def _kill_actor(deployment: str):
+    def choose(watch: ReplicaWatch):
+        victim = sorted(watch.latest().ids[deployment])[0]
+        actor = ray.get_actor(f"{REPLICA_PREFIX}{APP}#{deployment}#{victim}", namespace="serve")
+        return victim, lambda: ray.kill(actor, no_restart=True)
+
+    return choose
+
+
+def _kill_engine(cluster: ChaosCluster):
+    def choose(watch: ReplicaWatch):
+        handle = serve.get_deployment_handle(LLM_TINY, app_name=APP)
+        stats = handle.stats.remote().result(timeout_s=30)
+        victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
+        # Never signal a process that is not ours (pids are reused; others share this host).
+        assert pid and cluster.owns(pid), f"engine pid {pid} is not a process of this cluster"
+        return victim, lambda: os.kill(pid, signal.SIGKILL)
+
+    return choose
+
+
+def _under_load(cluster: ChaosCluster, short: bool, fault: Fault, model: str, clients: int,
+                max_tokens: int, recovery_s: float) -> dict:  # fmt: skip
+    before_s, after_s = (6, 8) if short else (30, 60)
+    load = Load(cluster.url, model, clients, max_tokens, deadline_s=30)
+    return run_fault(fault, load, APP, before_s, after_s, recovery_s)
+
+
+def run_engine(short: bool, port_base: int) -> dict:
+    """(a) on the tiny real model."""
+    tiny = tiny_model_dir()
+    with ChaosCluster(port_base=port_base) as cluster:
+        serve.run(build_app(app_args([tiny_model(tiny, 2)])), name=APP, route_prefix="/")
+        fault = Fault("engine-kill", LLM_TINY, 2, _kill_engine(cluster))
+        figures = {"engine_kill": _under_load(cluster, short, fault, TINY, clients=6,
+                                              max_tokens=64, recovery_s=240)}  # fmt: skip
+    return {"faults": figures, "leftover_processes": cluster.leftover}
+
+
+def run_actors(short: bool, port_base: int) -> dict:
+    """(b) and (c), one after the other, on the simulated model."""
+    with ChaosCluster(port_base=port_base) as cluster:
+        args = app_args([sim_model(2)], router_replicas=2)
+        serve.run(build_app(args), name=APP, route_prefix="/")
+        figures = {}
+        for key, deployment in (("replica_kill", LLM_SIM), ("router_kill", "Router")):
+            fault = Fault(key.replace("_", "-"), deployment, 2, _kill_actor(deployment))
+            figures[key] = _under_load(cluster, short, fault, SIM, clients=8, max_tokens=10,
+                                       recovery_s=120)  # fmt: skip
+    return {"faults": figures, "leftover_processes": cluster.leftover}

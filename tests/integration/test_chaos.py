@@ -1,0 +1,194 @@
+"""The chaos suite's short forms (chaos/): faults under load, and what the platform made of them.
+
+Each scenario runs as `python -m chaos --scenario NAME --short --json OUT` in a subprocess with a
+Ray cluster of its own (this process may hold the integration session's Ray); the tests assert on
+the figures it writes. The scenarios start when the first test here runs, in CHAOS_LANES parallel
+lanes (default 3), so that the five take about as long as the longest lane; each test waits for
+its own. The promises checked: a fault fails only the requests in flight on the part that died,
+each failure is answered (a clean OpenAI error or an SSE error event, except where noted) and none
+hangs past its deadline; capacity comes back; a config change fails nothing; memory does not creep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LANES = {  # scenarios that start a vLLM engine first in their lane: they take longest
+    3: [["replica-death-engine"], ["soak", "drain"], ["replica-death-actors", "node-loss"]],
+    2: [["replica-death-engine", "drain", "node-loss"], ["soak", "replica-death-actors"]],
+    1: [["replica-death-engine", "soak", "replica-death-actors", "node-loss", "drain"]],
+}
+TIMEOUT_S = 900  # one scenario; its own bounds are far tighter, this only stops a stuck run
+
+
+class Lanes:
+    """Runs the scenarios in lanes of subprocesses; `result(name)` waits for one's figures."""
+
+    def __init__(self, out_dir: Path, lanes: list[list[str]]) -> None:
+        self.out_dir = out_dir
+        self.done = {name: threading.Event() for lane in lanes for name in lane}
+        self.errors: dict[str, str] = {}
+        self.wall_s: dict[str, float] = {}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._threads = [threading.Thread(target=self._lane, args=(lane,), daemon=True)
+                         for lane in lanes]  # fmt: skip
+        for t in self._threads:
+            t.start()
+
+    def _lane(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._run(name)
+            except Exception as e:  # reported by the scenario's test, not lost in a thread
+                self.errors[name] = repr(e)
+            finally:
+                self.done[name].set()
+
+    def _run(self, name: str) -> None:
+        out, log = self.out_dir / f"{name}.json", self.out_dir / f"{name}.log"
+        t0 = time.monotonic()
+        with open(log, "w") as log_file:
+            # A session of its own, so that a stuck run can be ended with all it started.
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chaos", "--scenario", name, "--short", "--json", str(out)],
+                cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            self._procs[name] = proc
+            try:
+                rc = proc.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _end(proc)
+                rc = "timeout"
+        self.wall_s[name] = time.monotonic() - t0
+        if rc != 0:
+            tail = log.read_text()[-3000:]
+            self.errors[name] = f"exit {rc} after {self.wall_s[name]:.0f} s; log tail:\n{tail}"
+
+    def result(self, name: str) -> dict:
+        self.done[name].wait()
+        assert name not in self.errors, self.errors[name]
+        figures = json.loads((self.out_dir / f"{name}.json").read_text())
+        print(f"\n{name}: {self.wall_s[name]:.0f} s wall\n" + json.dumps(figures, indent=1))
+        return figures
+
+    def close(self) -> None:
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                _end(proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's session (Ray's nodes end their processes on it), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait_s)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    # Not pytest's tmp_path: other pytest sessions on this host prune its base directory.
+    out_dir = Path(tempfile.mkdtemp(prefix="llmserve-chaos-"))
+    print(f"\nchaos figures and logs: {out_dir}")
+    lanes = Lanes(out_dir, LANES[int(os.environ.get("CHAOS_LANES", 3))])
+    yield lanes
+    lanes.close()
+
+
+def _answered(f: dict, unclean_allowed: bool = False) -> None:
+    """Every request got an answer before its deadline + margin; failures only among those in
+    flight at the fault; each failure clean unless this fault makes that impossible."""
+    assert f["hangs"] == 0, f["failures"]
+    assert f["failed"] == f["failed_in_flight_at_fault"] <= f["in_flight_at_fault"], f["failures"]
+    assert f["failed_started_after_fault"] == 0, f["failures"]
+    assert f["max_latency_s"] < f.get("deadline_s", 30) + 10
+    if not unclean_allowed:
+        assert f["unclean_failures"] == 0, f["failures"]
+
+
+def _replica_death(r: dict) -> dict:
+    assert r["leftover_processes"] == []
+    for name, f in r["faults"].items():
+        # The router-kill's in-flight requests die with the Router that held them: Ray Serve's
+        # proxy answers a bare 500 or cuts the stream; no Router is left to say it our way.
+        _answered(f, unclean_allowed=name == "router_kill")
+        # The broken requests hear so at once: the dead engine's are told by their replica (an
+        # error item; an exception would take 10-20 s to arrive), a dead actor's by Ray.
+        if f["failed"]:
+            assert f["last_failure_answered_s"] < 5, (name, f["failures"])
+        assert f["serve_noticed_s"] is not None, f"{name}: Serve never saw a replica missing"
+        assert f["capacity_back_s"] is not None, f"{name}: capacity not back"
+        assert f["ok_per_s_until_back"] > 0, f"{name}: nothing served while a replica was down"
+        assert f["ok_per_s_after"] > 0
+    return r["faults"]
+
+
+def test_engine_death_fails_only_its_in_flight_requests_and_a_new_engine_serves(chaos):
+    f = _replica_death(chaos.result("replica-death-engine"))["engine_kill"]
+    # A dead engine's replica leaves at once (watchdog), not at the next health check.
+    assert f["serve_noticed_s"] < 30
+
+
+def test_replica_and_router_actor_deaths_fail_only_in_flight_requests(chaos):
+    faults = _replica_death(chaos.result("replica-death-actors"))
+    # No engine to start, only an actor: back within a minute even on busy cores.
+    assert faults["replica_kill"]["capacity_back_s"] < 60
+    assert faults["router_kill"]["capacity_back_s"] < 60
+
+
+def test_node_loss_survivor_serves_and_replica_returns_with_the_node(chaos):
+    r = chaos.result("node-loss")
+    assert r["leftover_processes"] == []
+    assert r["placement"] == {"head": 1, "worker": 1}
+    _answered(r)
+    assert r["lost_replicas"], "no replica was lost with the node"
+    assert r["node_declared_dead_s"] is not None and r["serve_noticed_s"] is not None
+    if r["failed"]:  # when the node's processes die and Ray says so: seconds, not the deadline
+        assert r["last_failure_answered_s"] < r["deadline_s"], r["failures"]
+    # The survivor carries the load alone, at about half the throughput of two replicas, and
+    # the throughput comes back with the node.
+    assert 0 < r["ok_per_s_survivor_only"] < r["ok_per_s_before"]
+    assert r["replica_back_after_node_added_s"] is not None, "no replica placed on the new node"
+    assert r["ok_per_s_after_back"] > r["ok_per_s_survivor_only"]
+
+
+def test_config_change_drains_in_flight_requests_without_failures(chaos):
+    r = chaos.result("drain")
+    assert r["leftover_processes"] == []
+    for name, c in r["changes"].items():
+        assert c["failed"] == 0 and c["hangs"] == 0, (name, c["failures"])
+        assert c["replaced_replicas"] >= 2, f"{name}: no replica was replaced"
+        # Something was actually drained: requests were running on the replicas that left.
+        assert c["in_flight_on_old_replicas_at_change"] > 0, name
+        assert c["last_finish_on_old_after_change_s"] <= r["graceful_shutdown_timeout_s"]
+        assert c["old_replicas_gone_s"] is not None, f"{name}: old replicas never left"
+        # Requests arriving while no Router runs wait in Serve's proxy, past any deadline.
+        assert c["router_running_min"] >= 1, f"{name}: no Router replica ran during the change"
+
+
+def test_soak_has_no_errors_and_no_memory_creep(chaos):
+    r = chaos.result("soak")
+    assert r["leftover_processes"] == []
+    for model, load in r["load"].items():
+        assert load["sent"] > 50 and load["failed"] == 0, (model, load["failures"])
+    rss = r["rss_mb"]
+    roles = {role.split("[")[0] for role in rss}
+    assert {"proxy", "controller", "Router", "llm-sim-model", "llm-tiny-llama-random"} <= roles
+    assert any(role.endswith("]") and "/EngineCore" in role for role in rss), rss.keys()
+    for role, m in rss.items():
+        assert m["alive_to_the_end"], f"{role} died during the soak"
+        # Generous for a 60 s run on shared cores: 50 MB or 20% of the start, whichever is more.
+        assert m["growth"] < max(50.0, 0.2 * m["start"]), (role, m)

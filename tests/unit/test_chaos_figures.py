@@ -1,0 +1,74 @@
+"""The chaos suite's arithmetic (chaos/): recovery judgement, failure accounting, memory trend.
+No Ray cluster: samples and results are made up here."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+from chaos.fault import fault_figures  # noqa: E402
+from chaos.figures import ok_rate  # noqa: E402
+from chaos.load import Result, _error_code  # noqa: E402
+from chaos.procs import _replica_of  # noqa: E402
+from chaos.scenarios.soak import _slope, memory_figures  # noqa: E402
+from chaos.watch import Sample, at_capacity  # noqa: E402
+
+
+def _sample(states, ids):
+    return Sample(0.0, {"llm-m": states}, {"llm-m": set(ids)})
+
+
+@pytest.mark.parametrize("states, ids, expected", [
+    ({"RUNNING": 2}, {"a", "b"}, False),  # the victim "a" still listed
+    ({"RUNNING": 2}, {"b"}, False),  # Serve has not noticed yet: stale RUNNING count
+    ({"RUNNING": 1, "STARTING": 1}, {"b", "c"}, False),  # replacement still starting
+    ({"RUNNING": 2}, {"b", "c"}, True),  # replacement running, victim gone
+])  # fmt: skip
+def test_capacity_is_back_only_when_the_replacement_runs(states, ids, expected):
+    assert at_capacity(_sample(states, ids), "llm-m", 2, gone={"a"}) is expected
+
+
+def _r(start, end, outcome="ok", clean=True):
+    return Result("m", False, start, end, outcome, 200 if outcome == "ok" else 503, clean)
+
+
+def test_fault_figures_separate_in_flight_failures_from_later_ones():
+    results = [_r(0, 1), _r(4, 6, "http_error"), _r(4.5, 5.5, "sse_error"),
+               _r(6, 7, "http_error", clean=False), _r(9, 10)]  # fmt: skip
+    f = fault_figures(results, t0=0.0, t_fault=5.0, t_noticed=5.5, t_back=8.0, t_stop=12.0)
+    assert f["in_flight_at_fault"] == 2
+    assert f["failed"] == 3 and f["failed_in_flight_at_fault"] == 2
+    assert f["failed_started_after_fault"] == 1 and f["unclean_failures"] == 1
+    assert f["capacity_back_s"] == 3.0 and f["serve_noticed_s"] == 0.5
+    assert f["failed_by_outcome"] == {"http_error_503": 2, "sse_error_503": 1}
+
+
+def test_ok_rate_counts_successes_finished_in_the_window():
+    results = [_r(0, 1), _r(0, 2), _r(0, 2.5, "http_error"), _r(0, 3)]
+    assert ok_rate(results, 1.5, 3.5) == pytest.approx(1.0)
+    assert ok_rate(results, 3, 3) == 0.0
+
+
+def test_error_bodies_are_clean_only_when_openai_shaped():
+    assert _error_code(b'{"error": {"message": "busy", "code": "queue_full"}}') == ("queue_full", True)
+    assert _error_code(b"Internal Server Error") == ("Internal Server Error", False)
+
+
+def test_memory_trend_and_growth():
+    samples = [(0.0, {"p": 100.0, "q": 50.0}), (30.0, {"p": 110.0}), (60.0, {"p": 120.0})]
+    m = memory_figures(samples)
+    assert m["p"]["growth"] == 20.0 and m["p"]["growth_pct"] == 20.0
+    assert m["p"]["trend_mb_per_min"] == pytest.approx(20.0)
+    assert m["q"]["alive_to_the_end"] is False
+    assert _slope([(0.0, 5.0)]) == 0.0
+
+
+@pytest.mark.parametrize("title, deployment", [
+    ("ray::ServeReplica:chaos:Router", "Router"),
+    ("ray::ServeReplica:chaos:llm-sim-model.handle_request_streaming", "llm-sim-model"),
+    ("ray::ServeReplica:chaos:llm-qwen2.5", "llm-qwen2.5"),
+    ("ray::ServeReplica:other:Router", None),
+    ("ray::ProxyActor", None),
+])  # fmt: skip
+def test_replica_processes_are_known_by_their_title(title, deployment):
+    assert _replica_of(title, "chaos") == deployment
