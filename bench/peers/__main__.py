@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import datetime as dt
 import importlib
+import signal
 import sys
 import threading
 import time
@@ -139,8 +140,15 @@ def run_system(name: str, port: int, model: Model, w: Workload, args, capacity: 
     return entry
 
 
+def _terminate(signum, frame) -> None:
+    # SIGTERM as Ctrl-C: the running system is still stopped and the report still written.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     t0 = time.monotonic()
     w = workload(args)
     out_dir = args.out_dir or (Path("/tmp/llmserve-peers-smoke") if args.smoke

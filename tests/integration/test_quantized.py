@@ -24,7 +24,10 @@ def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=120)
     reply = client.chat.completions.create(
         model=INT8,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        # The README's example. Without a system prompt the first token of this tiny model's
+        # answer is a near tie even in bf16 ("L" vs "The"), and bf16 answers "L'Etoile, ...".
+        messages=[{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is the capital of France?"}],
         temperature=0,
         max_tokens=30,
     )
