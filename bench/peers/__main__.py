@@ -57,7 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, help="override the config's max_model_len")
     p.add_argument("--port-base", type=int, default=18510,
                    help="system i listens on port-base + i (each its own port)")
-    p.add_argument("--ready-timeout-s", type=float, default=600)
+    p.add_argument("--ready-timeout-s", type=float, default=900,
+                   help="per start attempt; Ray Serve LLM took 7-10 min on this 2-core machine "
+                   "under heavy load from other work")
     # Narrower runs, for development; the full run takes the presets in spec.py.
     p.add_argument("--concurrency", type=int, nargs="+", help="sweep levels")
     p.add_argument("--loads", type=float, nargs="+", help="open-loop multiples of capacity")

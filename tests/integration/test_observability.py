@@ -1,7 +1,7 @@
 """The dashboard against a real Prometheus scraping the real app, and `llmserve status` on it.
 
 A Prometheus server (Debian's package) started here scrapes Ray's metrics export of the session's
-app every second. After a little real traffic (chat, streaming, a completion, a 404, 429s from the
+app every two seconds. After a little real traffic (chat, streaming, a completion, a 404, 429s from the
 rate-limited tenant), every PromQL query of observability/grafana_dashboard.json must return data
 through Prometheus' HTTP API, except the GPU panels, which must return nothing on a machine
 without a GPU (absent, not zero).
@@ -40,15 +40,17 @@ def has_gpu() -> bool:
 
 @pytest.fixture(scope="module")
 def prometheus(serve_app, tmp_path_factory):
-    """A real Prometheus scraping 127.0.0.1:METRICS_PORT every second; yields its base URL."""
+    """A real Prometheus scraping 127.0.0.1:METRICS_PORT every two seconds; yields its base URL."""
     binary = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.access(binary, os.X_OK):
         pytest.fail(INSTALL)
     home = tmp_path_factory.mktemp("prometheus")
     config = home / "prometheus.yml"
     config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "ray", "scrape_interval": "1s", "scrape_timeout": "1s",
+        # 2 s, not 1: a scrape that times out (a loaded host) marks every series stale at once,
+        # and the instant queries below then see nothing.
+        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "scrape_configs": [{"job_name": "ray", "scrape_interval": "2s", "scrape_timeout": "2s",
                             "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]}],
     }))  # fmt: skip
     log = open(home / "prometheus.log", "w")
