@@ -7,32 +7,68 @@ it back. Everything is kept apart from any other Ray instance on the machine:
   Ray's `ray_current_cluster` file (which a bare `ray.init()` elsewhere would follow) stay there;
 - the driver connects by explicit address, never by auto-detection;
 - the ports Ray would otherwise take at fixed defaults (GCS, dashboard agent, metrics export) and
-  Serve's HTTP port come from a block of our own; the rest are picked free by the OS.
+  Serve's HTTP port come from a block of ten in 19300-19399, held under a file lock and checked
+  free first (a second run of the suite on the host takes another block; a GCS port taken by
+  another cluster would make our head node join that cluster); the rest are picked by the OS.
 Every process this one starts is remembered (with its start time, against pid reuse) so that the
 teardown can prove nothing is left running, and end what is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
 import signal
+import socket
 import time
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
 logger = logging.getLogger("chaos")
 RUN_ROOT = "/tmp/lsc"  # short: Ray's unix socket paths must stay under 107 characters
+PORTS, BLOCK = range(19300, 19400), 10
+LOCK_DIR = "/tmp/llmserve-chaos-ports"
+
+
+def reserve_ports(preferred: int) -> tuple[int, IO]:
+    """The first port of a block of ten that is ours while the returned file stays open."""
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    bases = list(range(PORTS.start, PORTS.stop, BLOCK))
+    first = bases.index(preferred) if preferred in bases else 0
+    for base in bases[first:] + bases[:first]:
+        lock = open(os.path.join(LOCK_DIR, f"{base}.lock"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another chaos run holds this block
+            lock.close()
+            continue
+        if all(_port_free(p) for p in range(base, base + BLOCK)):
+            return base, lock
+        lock.close()
+    raise RuntimeError(f"no free block of {BLOCK} ports in {PORTS.start}-{PORTS.stop - 1}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
 
 
 class ChaosCluster:
-    """`with ChaosCluster(port_base=19310) as c:` a head node, Serve on c.http_port."""
+    """`with ChaosCluster(port_base=19310) as c:` a head node, Serve on c.http_port.
+    `port_base` is the preferred block; another free one is taken if it is in use."""
 
     def __init__(self, port_base: int, head_cpus: float = 8,
                  head_resources: dict[str, float] | None = None,
                  system_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+        port_base, self._port_lock = reserve_ports(port_base)
         self.port_base = port_base
         self.http_port = port_base
         self.url = f"http://127.0.0.1:{self.http_port}"
@@ -190,3 +226,4 @@ class ChaosCluster:
             print(f"Ray logs of this run: {self.tmp_dir}/ray/session_latest/logs")
         else:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self._port_lock.close()  # the ports are free again

