@@ -17,7 +17,8 @@ from sse_starlette import ServerSentEvent
 
 from deployments.admission_gate import Ticket
 from deployments.request_log import RequestTrail
-from serve_app.openai_protocol import OpenAIError, ResponseBuilder
+from serve_app.openai_protocol import OpenAIError
+from serve_app.openai_responses import ResponseBuilder
 
 
 class OpenStream:

@@ -14,33 +14,31 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.admission_gate import Gate, Ticket
-from serve_app.config import AppConfig, TenantConfig
-from serve_app.generation import GenerationError
+from deployments.http_app import http_app, read_body
 from deployments.request_log import RequestTrail
 from deployments.request_path import OpenStream, outcome_of, prompt_chars, sse, timeout_field
+from serve_app import tracing
+from serve_app.config import AppConfig, TenantConfig
+from serve_app.generation import GenerationError
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     OpenAIError,
-    ResponseBuilder,
-    models_list,
-    openapi_extra,
     parse_json_body,
     parse_request,
 )
+from serve_app.openai_responses import ResponseBuilder, models_list
+from serve_app.openapi_docs import openapi_extra
 from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
-from serve_app import tracing
-from serve_app.tracing import RequestIdentityMiddleware
 
 logger = logging.getLogger("ray.serve")
 Kind = Literal["chat", "completion"]
@@ -49,28 +47,7 @@ TICK_S = 0.1  # queue expiry resolution
 REPLICA_REFRESH_S = 2.0
 RECLAIM_GRACE_S = 5.0
 
-app = FastAPI(title="llmserve", docs_url=None, redoc_url=None)
-app.add_middleware(RequestIdentityMiddleware)
-
-
-def _error_response(e: OpenAIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-@app.exception_handler(OpenAIError)
-async def _openai_error(_: Request, e: OpenAIError) -> JSONResponse:
-    return _error_response(e)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-    return _error_response(OpenAIError(e.status_code, str(e.detail)))
-
-
-@app.exception_handler(Exception)
-async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-    logger.exception("unexpected error")
-    return _error_response(OpenAIError(500, "internal server error", type="server_error"))
+app = http_app()
 
 
 # Helpers used by Router methods live above the class or in deployments/request_path.py:
@@ -178,7 +155,8 @@ class Router:
             trail.tenant = tenant.name
             request.state.response_headers = {**self._gate.rate_headers(tenant),
                                               "x-llmserve-tenant": tenant.name}  # fmt: skip
-            body = parse_json_body(await self._read_body(request))
+            body = parse_json_body(
+                await read_body(request, self._config.http.max_request_body_bytes))
             trail.stream = body.get("stream") is True
             session = request.headers.get("x-session-id")
             stream = await self._open_stream(kind, body, tenant,
@@ -195,21 +173,6 @@ class Router:
 
     def _trail(self, kind: str, request_id: str) -> RequestTrail:
         return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self._config.http.max_request_body_bytes
-        too_large = OpenAIError(413, f"request body is larger than {limit} bytes",
-                                code="request_too_large")  # fmt: skip
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise too_large
-        chunks, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise too_large
-            chunks.append(part)
-        return b"".join(chunks)
 
     # -------------------------------------------------------------------- handle API (Python)
 

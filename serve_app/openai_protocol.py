@@ -1,7 +1,8 @@
-"""OpenAI-compatible request schemas, response and SSE chunk builders, and error bodies.
+"""OpenAI-compatible request schemas and error bodies.
 
-Pure: no Ray, no vLLM, no I/O. The Router parses with these models, turns a request into a
-GenerationRequest for an LLMServer, and turns GenerationChunks back into OpenAI JSON.
+Pure: no Ray, no vLLM, no I/O. The Router parses with these models and turns a request into a
+GenerationRequest for an LLMServer; serve_app/openai_responses.py turns the engine's chunks back
+into OpenAI JSON, and serve_app/openapi_docs.py documents the routes.
 Unknown request fields are accepted and ignored, as OpenAI and vLLM do, so newer SDKs keep working.
 """
 
@@ -9,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from serve_app.generation import GenerationChunk, GenerationRequest
+from serve_app.generation import GenerationRequest
 
 # ---------------------------------------------------------------------------------------- errors
 
@@ -292,180 +292,3 @@ def parse_request(kind: Literal["chat", "completion"], body: dict[str, Any]) -> 
         return cls.model_validate(body)
     except ValidationError as e:
         raise validation_error(e) from None
-
-
-# ------------------------------------------------------------------------------------- responses
-
-
-class ResponseBuilder:
-    """Accumulates one request's chunks into OpenAI stream chunks and a final response."""
-
-    def __init__(self, kind: Literal["chat", "completion"], response_id: str, model: str, n: int):
-        self.kind = kind
-        self.id = response_id
-        self.model = model
-        self.created = int(time.time())
-        self.texts = [""] * n
-        self.finish = [None] * n
-        self.num_prompt_tokens = 0
-        self.num_completion_tokens = 0
-        self._role_sent = [False] * n
-        self._echo = ""
-        self._echo_sent = [False] * n
-
-    @property
-    def object_name(self) -> str:
-        return "chat.completion" if self.kind == "chat" else "text_completion"
-
-    def add(self, chunk: GenerationChunk) -> list[dict[str, Any]]:
-        """Records a chunk; returns the stream chunks (as dicts) it makes."""
-        self.num_prompt_tokens = chunk.num_prompt_tokens
-        if chunk.prompt_text is not None:
-            self._echo = chunk.prompt_text
-        out = []
-        for c in chunk.choices:
-            self.num_completion_tokens += c.num_tokens
-            text = c.text
-            if self._echo and not self._echo_sent[c.index]:  # every choice starts with the prompt
-                text = self._echo + text
-                self._echo_sent[c.index] = True
-            self.texts[c.index] += text
-            reason = _finish_reason(c.finish_reason)
-            if reason:
-                self.finish[c.index] = reason
-            out.append(self._stream_choice(c.index, text, reason))
-        return [self._chunk(out)] if out else []
-
-    def _stream_choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        if self.kind == "completion":
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
-        delta: dict[str, Any] = {"content": text}
-        if not self._role_sent[index]:
-            delta = {"role": "assistant", "content": text}
-            self._role_sent[index] = True
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
-
-    def _chunk(self, choices: list[dict[str, Any]], usage: bool = False) -> dict[str, Any]:
-        chunk = {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage:
-            chunk["usage"] = self.usage()
-        return chunk
-
-    def usage_chunk(self) -> dict[str, Any]:
-        return self._chunk([], usage=True)
-
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.num_prompt_tokens,
-            "completion_tokens": self.num_completion_tokens,
-            "total_tokens": self.num_prompt_tokens + self.num_completion_tokens,
-        }
-
-    def response(self) -> dict[str, Any]:
-        if self.kind == "chat":
-            choices = [
-                {"index": i, "message": {"role": "assistant", "content": t},
-                 "logprobs": None, "finish_reason": self.finish[i]}
-                for i, t in enumerate(self.texts)
-            ]  # fmt: skip
-        else:
-            choices = [
-                {"index": i, "text": t, "logprobs": None, "finish_reason": self.finish[i]}
-                for i, t in enumerate(self.texts)
-            ]
-        return {
-            "id": self.id,
-            "object": self.object_name,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self.usage(),
-        }
-
-
-def _finish_reason(engine_reason: str | None) -> str | None:
-    # vLLM says "abort" when it stopped a request itself; to a client that is an error, reported
-    # separately, so it never shows as a finish_reason.
-    return engine_reason if engine_reason in ("stop", "length") else None
-
-
-# --------------------------------------------------------------------------------------- OpenAPI
-
-# What a generation route may answer besides 200; a 500 is never intended, so it is not listed.
-ERROR_STATUSES = {
-    400: "Bad input: the body, a field (`param` names it), or a prompt past the context window.",
-    401: "Missing, malformed or unknown API key (where a key is required).",
-    404: "Unknown model, or one this tenant may not use.",
-    413: "Body larger than `http.max_request_body_bytes`.",
-    429: "Over the tenant's rate or concurrency limit; see `Retry-After`.",
-    503: "Overloaded (queue full or too long a wait) or no healthy replica; see `Retry-After`.",
-    504: "The request's deadline passed.",
-}
-_ERROR_SCHEMA = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": "string"}},
-    }},
-}  # fmt: skip
-
-
-# One event of a `stream: true` answer (OpenAPI 3.1 reads a text/event-stream schema per event):
-# `data:` a chunk as JSON, then `data: [DONE]`; a failure mid-stream is an `event: error`.
-_SSE_EVENT = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}},
-}
-
-
-def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic JSON schema with its `$defs` inlined (they are not recursive here), so that it
-    stands alone inside an OpenAPI document."""
-    defs = schema.get("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return walk(defs[node["$ref"].rsplit("/", 1)[1]])
-            return {k: walk(v) for k, v in node.items() if k != "$defs"}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return walk(schema)
-
-
-def openapi_extra(request_model: type[BaseModel] | None = None,
-                  errors: tuple[int, ...] = tuple(ERROR_STATUSES)) -> dict[str, Any]:  # fmt: skip
-    """FastAPI `openapi_extra` for a route: the JSON body it reads (the routes take the raw
-    request, so FastAPI cannot see it) and every error it may answer, so that /openapi.json
-    documents the API that is served."""
-    content = {"application/json": {"schema": _ERROR_SCHEMA}}
-    extra: dict[str, Any] = {"responses": {
-        str(code): {"description": ERROR_STATUSES[code], "content": content} for code in errors}}
-    if request_model is not None:
-        schema = _inline_refs(request_model.model_json_schema())
-        extra["requestBody"] = {"required": True,
-                                "content": {"application/json": {"schema": schema}}}
-        extra["responses"]["200"] = {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}
-    return extra  # fmt: skip
-
-
-def models_list(names: list[str], created: int) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "llmserve"}
-            for n in names
-        ],
-    }

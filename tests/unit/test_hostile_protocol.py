@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from serve_app.openapi_docs import openapi_extra
 from serve_app.openai_protocol import (
     I64_MAX,
     ChatCompletionRequest,
     CompletionRequest,
     OpenAIError,
-    openapi_extra,
     parse_json_body,
     parse_request,
 )

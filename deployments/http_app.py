@@ -1,0 +1,62 @@
+"""The Router's FastAPI app shell: request identity and tracing, OpenAI-shaped errors for every
+failure, and the request body read under a size limit.
+
+In its own module (imported, so pickled by reference): @serve.ingress pickles the Router's app by
+value while deployments/router.py is still being imported.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.openai_protocol import OpenAIError
+from serve_app.tracing import RequestIdentityMiddleware
+
+logger = logging.getLogger("ray.serve")
+
+
+def _error_response(e: OpenAIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _openai_error(_: Request, e: OpenAIError) -> JSONResponse:
+    return _error_response(e)
+
+
+async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    return _error_response(OpenAIError(e.status_code, str(e.detail)))
+
+
+async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    logger.exception("unexpected error")
+    return _error_response(OpenAIError(500, "internal server error", type="server_error"))
+
+
+def http_app() -> FastAPI:
+    app = FastAPI(title="llmserve", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdentityMiddleware)
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or 413 as soon as it is known to exceed `limit` bytes (declared length
+    first, then counted while reading, for chunked uploads)."""
+    too_large = OpenAIError(413, f"request body is larger than {limit} bytes",
+                            code="request_too_large")  # fmt: skip
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large
+        chunks.append(part)
+    return b"".join(chunks)
