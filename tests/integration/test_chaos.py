@@ -31,6 +31,8 @@ LANES = {  # the soak's engine starts once the engine scenario's two are up: few
     1: [["replica-death-engine", "soak", "replica-death-actors", "node-loss", "drain"]],
 }
 TIMEOUT_S = 900  # one scenario; its own bounds are far tighter, this only stops a stuck run
+# A test waits for its lane's earlier scenarios too: two of them at most.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2 * TIMEOUT_S + 120)]
 
 
 class Lanes:

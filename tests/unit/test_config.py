@@ -144,6 +144,18 @@ def test_out_of_range_deployment_values_are_rejected(section, values):
         AppConfig.model_validate(app_args({"name": "m", "source": "a/b", section: values}))
 
 
+@pytest.mark.parametrize("probe_s, check_s, ok", [(20, 30, True), (30, 30, False), (60, 30, False),
+                                                 (60, 90, True)])  # fmt: skip
+def test_health_probe_must_fit_inside_serves_health_check(probe_s, check_s, ok):
+    model = {"name": "m", "source": "a/b", "health": {"probe_timeout_s": probe_s},
+             "deployment": {"health_check_timeout_s": check_s}}  # fmt: skip
+    if ok:
+        AppConfig.model_validate(app_args(model))
+        return
+    with pytest.raises(ValidationError, match="probe_timeout_s .* must be below"):
+        AppConfig.model_validate(app_args(model))
+
+
 def test_http_max_n_must_be_positive():
     with pytest.raises(ValidationError):
         AppConfig.model_validate(app_args(http={"max_n": 0}))
