@@ -23,6 +23,12 @@ otherwise quantizes W4A16's activations to int8 on the fly (`CPUWNA16LinearKerne
         smollm2-135m-instruct-w4a16 smollm2-135m-instruct-w4a16@VLLM_CPU_INT4_W4A8=0
 
 Writes bench/results/quant_report.json and prints a markdown table. A report, not a test.
+
+`--platform cuda` runs the same measurements on a CUDA machine with the gpu extra (vLLM's CUDA
+wheel): the KV cache is then sized by gpu_memory_utilization, so smaller weights do buy KV
+blocks, and memory is read on the GPU (parameter bytes as loaded, torch's allocated bytes after
+the KV cache). bench/quant_report_cuda.sh sets that machine up, serves the variants through the
+platform and runs this.
 """
 
 from __future__ import annotations
@@ -63,6 +69,14 @@ GREEDY_PROMPTS = [
     "Suggest a name for a pet goldfish.",
 ]
 ENGINE = dict(dtype="bfloat16", max_model_len=2048, max_num_seqs=32, enforce_eager=True, seed=0)
+# On CUDA: the share of the GPU each engine may hold (weights, activations, then KV blocks).
+GPU_MEMORY_UTILIZATION = 0.3
+
+
+def engine_args(platform: str) -> dict:
+    if platform == "cuda":
+        return {**ENGINE, "gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+    return dict(ENGINE)
 
 
 # ------------------------------------------------------------------ one model, in a child process
@@ -75,17 +89,31 @@ def worker_rss_bytes(model) -> int:
     return int(kib) * 1024
 
 
-def measure(model_path: str) -> dict:
+def worker_gpu_bytes(model) -> dict:
+    """On CUDA: bytes of the model's parameters and buffers as loaded (packed int4, fp8 and
+    their scales included), and what torch holds on the GPU once the KV cache is allocated."""
+    import itertools
+
+    import torch
+
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return {"weights": sum(t.numel() * t.element_size() for t in tensors if t.is_cuda),
+            "allocated": torch.cuda.memory_allocated(),
+            "device": torch.cuda.get_device_name()}  # fmt: skip
+
+
+def measure(model_path: str, platform: str = "cpu") -> dict:
     from vllm import LLM, SamplingParams
 
     t0 = time.monotonic()
-    llm = LLM(model=model_path, **ENGINE)
+    llm = LLM(model=model_path, **engine_args(platform))
     start_s = time.monotonic() - t0
     cache = llm.llm_engine.vllm_config.cache_config
     # Imported by module name, not __main__, so that the engine's worker can unpickle it.
-    from bench.quant_report import worker_rss_bytes
+    from bench.quant_report import worker_gpu_bytes, worker_rss_bytes
 
     (rss_bytes,) = llm.apply_model(worker_rss_bytes)
+    gpu = llm.apply_model(worker_gpu_bytes)[0] if platform == "cuda" else None
 
     def tokens_per_s(num_streams: int) -> float:
         params = SamplingParams(temperature=0, max_tokens=THROUGHPUT_TOKENS, ignore_eos=True)
@@ -120,6 +148,9 @@ def measure(model_path: str) -> dict:
     return {
         "engine_start_s": start_s,
         "worker_rss_bytes": rss_bytes,
+        "gpu_weight_bytes": gpu and gpu["weights"],
+        "gpu_allocated_bytes": gpu and gpu["allocated"],
+        "gpu_name": gpu and gpu["device"],
         "kv_blocks": cache.num_gpu_blocks,
         "kv_block_size": cache.block_size,
         "kv_tokens": cache.num_gpu_blocks * cache.block_size,
@@ -148,27 +179,41 @@ def weight_file_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
-def run_child(model_path: str, extra_env: dict[str, str]) -> dict:
+def _checkpoint_quantization(folder: Path) -> str | None:
+    """quant_method of the checkpoint's config.json (awq, gptq, fp8, compressed-tensors)."""
+    config = json.loads((folder / "config.json").read_text())
+    return (config.get("quantization_config") or {}).get("quant_method")
+
+
+def run_child(model_path: str, extra_env: dict[str, str], platform: str = "cpu") -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        env = {**os.environ, **extra_env, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT),
+        env = {**os.environ, **extra_env, "PYTHONPATH": str(ROOT),
                # apply_model ships a Python function to the engine's worker process.
                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
+        if platform == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_path,
-               "--out", out.name]  # fmt: skip
+               "--platform", platform, "--out", out.name]  # fmt: skip
         subprocess.run(cmd, env=env, check=True, cwd=ROOT)
         return json.loads(Path(out.name).read_text())
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], platform: str = "cpu") -> str:
+    """The markdown table; on CUDA the memory columns are the GPU's instead of the worker RSS."""
+    memory = "GPU weights | GPU allocated" if platform == "cuda" else "worker RSS"
     lines = [
-        "| model | quantize | weight files | worker RSS | KV blocks (tokens) | tok/s, 1 stream "
+        f"| model | quantize | weight files | {memory} | KV blocks (tokens) | tok/s, 1 stream "
         "| tok/s, 32 streams | perplexity | greedy tokens = bf16 | answers = bf16 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if platform == "cuda" else ""),
     ]
     for r in rows:
+        if platform == "cuda":
+            mem = f"{r['gpu_weight_bytes'] / 1e6:.0f} MB | {r['gpu_allocated_bytes'] / 2**30:.2f} GiB"
+        else:
+            mem = f"{r['worker_rss_bytes'] / 2**30:.2f} GiB"
         lines.append(
-            f"| {r['run']} | {r['quantize'] or 'bf16'} | {r['weight_file_bytes'] / 1e6:.0f} MB "
-            f"| {r['worker_rss_bytes'] / 2**30:.2f} GiB | {r['kv_blocks']} ({r['kv_tokens']}) "
+            f"| {r['run']} | {r['quantize'] or r['engine_quantization'] or 'bf16'} "
+            f"| {r['weight_file_bytes'] / 1e6:.0f} MB | {mem} | {r['kv_blocks']} ({r['kv_tokens']}) "
             f"| {r['tokens_per_s']['1']:.1f} | {r['tokens_per_s']['32']:.0f} "
             f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} "
             f"| {r['greedy_identical']}/{len(r['greedy_token_ids'])} |"
@@ -183,10 +228,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="model names from the config, each optionally @VAR=VALUE for its "
                         "engine's environment; the first is the reference")  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/quant_report.json")
+    parser.add_argument("--platform", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: vLLM's CUDA build on a GPU (the gpu extra)")  # fmt: skip
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: measure this model folder
     args = parser.parse_args(argv)
     if args.one:
-        args.out.write_text(json.dumps(measure(args.one)))
+        args.out.write_text(json.dumps(measure(args.one, args.platform)))
         return 0
 
     sys.path.insert(0, str(ROOT))
@@ -205,10 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         if model is None:
             parser.error(f"{name!r} is not a model of {args.config}")
         path = Path(model_source.resolve(model, config.cache_dir(), progress=True))
+        if not path.is_dir():  # a hub id (network needed): the folder vLLM would download
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(str(path)))
         print(f"== {run}: {path}", flush=True)
-        row = {"run": run, "model": name, "quantize": model.quantize, "env": extra_env,
+        row = {"run": run, "model": name, "quantize": model.quantize,
+               # A checkpoint quantized elsewhere (AWQ, GPTQ, FP8 from the hub) says so itself.
+               "engine_quantization": _checkpoint_quantization(path), "env": extra_env,
                "path": str(path), "weight_file_bytes": weight_file_bytes(path),
-               **run_child(str(path), extra_env)}  # fmt: skip
+               **run_child(str(path), extra_env, args.platform)}  # fmt: skip
         rows.append(row)
     reference = rows[0]["greedy_token_ids"]
     for row in rows:
@@ -219,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         # Other work on the machine slows the engines: the 1/5/15-minute load averages.
         "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
-        "engine": {**ENGINE, "VLLM_CPU_KVCACHE_SPACE_GiB": 1},
+        "platform": args.platform,
+        "engine": ({**engine_args("cuda")} if args.platform == "cuda"
+                   else {**ENGINE, "VLLM_CPU_KVCACHE_SPACE_GiB": 1}),  # fmt: skip
         "throughput_tokens_per_stream": THROUGHPUT_TOKENS,
         "greedy_system_prompt": SYSTEM_PROMPT,
         "greedy_prompts": GREEDY_PROMPTS,
@@ -229,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print()
-    print(table(rows))
+    print(table(rows, args.platform))
     print()
     for row in rows:
         print(f"{row['run']}: {GREEDY_PROMPTS[0]!r} -> {row['greedy_texts'][0]!r}")

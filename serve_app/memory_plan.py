@@ -303,12 +303,27 @@ def configured_scheme(quantization: str | None, hf_config: dict[str, Any]) -> st
         return "int8" if bits == 8 else "int4"
     if method == "bitsandbytes":
         return "int8" if qc.get("load_in_8bit") else "int4"
+    if method == "compressed-tensors":  # what `quantize:` and llm-compressor write
+        weights = _compressed_tensors_weights(qc)
+        kind, bits = weights.get("type"), weights.get("num_bits")
+        if kind == "float" and bits == 8:
+            return "fp8"
+        if kind == "int" and bits in (4, 8):
+            return f"int{bits}"
     return None
+
+
+def _compressed_tensors_weights(qc: dict[str, Any]) -> dict[str, Any]:
+    """The weights' quantization args of a compressed-tensors config (its first group: the
+    schemes compared here quantize every Linear layer alike)."""
+    groups = list((qc.get("config_groups") or {}).values())
+    return (groups[0].get("weights") or {}) if groups else {}
 
 
 def group_size_of(hf_config: dict[str, Any], default: int = 128) -> int:
     qc = hf_config.get("quantization_config") or {}
-    g = qc.get("group_size") or qc.get("q_group_size")
+    g = qc.get("group_size") or qc.get("q_group_size") or _compressed_tensors_weights(qc).get(
+        "group_size")
     return int(g) if isinstance(g, int) and g > 0 else default
 
 

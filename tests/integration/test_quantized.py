@@ -39,6 +39,18 @@ def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "int-quantized"
 
 
+def test_ask_models_answers_for_each_model(base_url, capsys):
+    """bench/ask_models.py, the serving step of bench/quant_report_cuda.sh, on this platform."""
+    from bench import ask_models
+
+    assert ask_models.main(["--url", base_url, "--models", DEFAULT, INT8, "--wait-s", "60"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [DEFAULT, INT8]
+    assert all("[Paris]" in line for line in lines), lines
+    assert ask_models.main(["--url", base_url, "--models", "no-such-model"]) == 1
+    assert "no-such-model: FAILED" in capsys.readouterr().out
+
+
 def test_support_table_matches_the_installed_vllm():
     from vllm.model_executor.layers.quantization import (
         QUANTIZATION_METHODS,

@@ -224,10 +224,28 @@ def test_fixture_files_are_the_dicts_above():
     (None, {"quant_method": "awq", "bits": 4, "group_size": 64}, "int4"),
     ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
     ("experts_int8", None, None),
+    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int", "group_size": None}}}}, "int8"),
+    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "group_size": 32}}}}, "int4"),
+    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "float"}}}}, "fp8"),
+    (None, {"quant_method": "compressed-tensors", "config_groups": {}}, None),
 ])  # fmt: skip
 def test_configured_scheme(quantization, qc, expected):
     hf = {"quantization_config": qc} if qc else {}
     assert mp.configured_scheme(quantization, hf) == expected
+
+
+@pytest.mark.parametrize("qc, expected", [
+    ({}, 128), ({"quant_method": "awq", "q_group_size": 64}, 64),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "group_size": 32}}}}, 32),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int", "group_size": None}}}}, 128),
+])  # fmt: skip
+def test_group_size_of(qc, expected):
+    assert mp.group_size_of({"quantization_config": qc}) == expected
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -7,6 +7,7 @@ random Llama and read back what vLLM would load.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,8 @@ from safetensors.numpy import save_file
 from serve_app import model_source, quantize
 from serve_app.config import ModelConfig
 from serve_app.model_source import MARKER, ModelSourceError, check, resolve
+
+QUANTIZER = f"compressed-tensors {importlib.metadata.version('compressed-tensors')}"
 
 
 def write_fake_model(folder: Path, *, config: dict | None = None) -> Path:
@@ -141,7 +144,20 @@ def test_a_pypi_base_reuses_the_plain_conversion_already_in_the_cache(
     assert fake_quantizer == [(plain, "w8a8"), (plain, "w4a16")]
     marker = json.loads((cache / "int4" / MARKER).read_text())
     assert marker == {"gguf_name": "m.Q4_1.gguf", "gguf_size": 32, "quantize": "w4a16",
-                      "preset": "W4A16", "group_size": 32}  # fmt: skip
+                      "preset": "W4A16", "group_size": 32, "quantizer": QUANTIZER}  # fmt: skip
+
+
+def test_another_quantizer_version_rebuilds_the_variant(tmp_path, fake_package, fake_quantizer,
+                                                        monkeypatch):  # fmt: skip
+    cache = tmp_path / "cache"
+    model = ModelConfig(name="int8", source="pypi:llmserve-fake-q", quantize="w8a8")
+    first = resolve(model, cache)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "99.0" if
+                        name == "compressed-tensors" else real_version(name))  # fmt: skip
+    assert resolve(model, cache) == first
+    assert len(fake_quantizer) == 2  # quantized again, into the same folder
+    assert json.loads((Path(first) / MARKER).read_text())["quantizer"] == "compressed-tensors 99.0"
 
 
 def test_a_pypi_base_alone_is_converted_into_a_temporary_folder(
