@@ -1,93 +1,30 @@
 """The Router's door (deployments/admission_gate.py): rate limits, concurrency caps, the queue.
 
-No Ray, no vLLM: a Gate over a small AppConfig, with a fake clock that tests move by hand.
-Queued requests are asyncio tasks; `settle()` lets their futures resolve.
+No Ray, no vLLM: a Gate over a small AppConfig, with a fake clock that tests move by hand
+(tests/unit/gate_helpers.py). Replica counts, spans and readiness: test_gate_replicas.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 
 import pytest
 
-from deployments.admission_gate import Gate, Ticket
-from serve_app.config import AppConfig, TenantConfig
-from serve_app.openai_protocol import OpenAIError
-
-MODEL = "m"
-
-
-class FakeClock:
-    """A plain mutable float, read by the gate through __call__."""
-
-    def __init__(self, now_s: float = 1000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-def make_gate(
-    *tenants: dict,
-    max_ongoing_requests: int = 1,
-    num_replicas: int = 1,
-    num_router_replicas: int = 1,
-    clock: FakeClock | None = None,
-    **admission,
-) -> tuple[Gate, dict[str, TenantConfig], FakeClock]:
-    tenants = tenants or ({"name": "t"},)
-    config = AppConfig.model_validate({
-        "models": [{
-            "name": MODEL,
-            "source": "org/m",
-            "deployment": {"num_replicas": num_replicas,
-                           "max_ongoing_requests": max_ongoing_requests},
-        }],
-        "tenants": list(tenants),
-        "admission": {"anonymous_tenant": None, "max_queue_len": 8, "max_queue_wait_s": 30.0,
-                      "ageing_s": 0, **admission},
-    })  # fmt: skip
-    clock = clock or FakeClock()
-    gate = Gate(config, config.tenants, num_router_replicas, clock=clock)
-    return gate, {t.name: t for t in config.tenants}, clock
-
-
-async def settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-def spawn(gate: Gate, tenant: TenantConfig, *, num_tokens: int = 10, timeout_s: float = 60.0):
-    return asyncio.create_task(gate.admit(tenant, MODEL, num_tokens, timeout_s))
-
-
-def state(gate: Gate) -> tuple[int, int]:
-    s = gate.snapshot()[MODEL]
-    return s["in_flight"], s["queued"]
-
-
-def assert_idle(gate: Gate) -> None:
-    assert state(gate) == (0, 0), gate.snapshot()
-
-
-async def refused(awaitable) -> OpenAIError:
-    with pytest.raises(OpenAIError) as e:
-        await awaitable
-    return e.value
-
-
-def remaining(gate: Gate, tenant: TenantConfig, kind: str) -> int:
-    return int(gate.rate_headers(tenant)[f"x-ratelimit-remaining-{kind}"])
-
+from deployments.admission_gate import Ticket
+from tests.unit.gate_helpers import (
+    LIMITED,
+    MODEL,
+    TENANTS,
+    assert_idle,
+    make_gate,
+    refused,
+    remaining,
+    settle,
+    spawn,
+    state,
+)
 
 # ----------------------------------------------------------------------------- rate limits
-
-LIMITED = {
-    "name": "t",
-    "rate_limits": {"requests_per_s": 1, "max_burst_requests": 2, "tokens_per_min": 600},
-}
-
 
 async def test_over_the_request_rate_is_429_with_retry_after_and_ratelimit_headers():
     gate, tenants, clock = make_gate(LIMITED, max_ongoing_requests=10)
@@ -224,11 +161,6 @@ async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
 
 # ---------------------------------------------------------------------------------- queue
 
-TENANTS = (
-    {"name": "inter", "priority": "interactive"},
-    {"name": "std", "priority": "standard"},
-    {"name": "batch", "priority": "batch"},
-)
 
 
 async def test_an_interactive_request_queued_after_batch_ones_starts_first():
@@ -440,199 +372,3 @@ async def test_ticket_carries_the_deadline_and_the_queue_wait_on_the_gate_clock(
     assert_idle(gate)
 
 
-# -------------------------------------------------------------------- replicas and capacity
-
-
-async def test_zero_live_replicas_queue_everything_until_one_comes_back():
-    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=2)
-    gate.set_live_replicas(MODEL, 0)
-    assert gate.snapshot()[MODEL]["capacity"] == 0
-    tasks = [spawn(gate, tenants["batch"]), spawn(gate, tenants["inter"]),
-             spawn(gate, tenants["std"])]  # fmt: skip
-    await settle()
-    assert state(gate) == (0, 3) and not any(t.done() for t in tasks)
-    gate.set_live_replicas(MODEL, 1)  # capacity 2: the two most urgent start
-    await settle()
-    assert [t.done() for t in tasks] == [False, True, True]
-    assert state(gate) == (2, 1)
-    gate.finish(tasks[1].result(), 10)
-    await settle()
-    assert tasks[0].done()
-    for t in tasks[0], tasks[2]:
-        gate.finish(t.result(), 10)
-    assert_idle(gate)
-
-
-async def test_shrinking_capacity_never_stops_running_requests():
-    gate, tenants, _ = make_gate({"name": "t"}, max_ongoing_requests=2, num_replicas=2)
-    t = tenants["t"]
-    running = [await gate.admit(t, MODEL, 10, 60) for _ in range(4)]
-    gate.set_live_replicas(MODEL, 1)
-    waiter = spawn(gate, t)
-    await settle()
-    assert gate.snapshot()[MODEL] == {"capacity": 2, "in_flight": 4, "queued": 1}
-    gate.finish(running[0], 10)
-    gate.finish(running[1], 10)
-    await settle()
-    assert not waiter.done()  # in flight (2) is not below capacity (2) yet
-    gate.finish(running[2], 10)
-    await settle()
-    assert waiter.done()
-    gate.finish(running[3], 10)
-    gate.finish(waiter.result(), 10)
-    assert_idle(gate)
-
-
-@pytest.mark.parametrize(
-    "max_ongoing, num_replicas, num_router_replicas, expected",
-    [
-        (4, 1, 1, 4),
-        (4, 1, 2, 2),
-        (3, 1, 2, 2),  # ceil(1.5)
-        (1, 1, 2, 1),  # ceil(0.5): every Router replica can start something
-        (3, 3, 2, 5),  # ceil(4.5)
-        (64, 2, 3, 43),  # ceil(42.67)
-    ],
-)
-async def test_capacity_is_this_router_replicas_share_rounded_up(
-    max_ongoing, num_replicas, num_router_replicas, expected
-):
-    gate, _, _ = make_gate(max_ongoing_requests=max_ongoing, num_replicas=num_replicas,
-                           num_router_replicas=num_router_replicas)  # fmt: skip
-    assert gate.snapshot()[MODEL]["capacity"] == expected
-    gate.set_live_replicas(MODEL, 2 * num_replicas)
-    assert gate.snapshot()[MODEL]["capacity"] == math.ceil(
-        max_ongoing * 2 * num_replicas / num_router_replicas
-    )
-
-
-async def test_two_router_replicas_halve_the_request_rate_share():
-    gate, tenants, clock = make_gate(
-        {"name": "t",
-         "rate_limits": {"requests_per_s": 2, "max_burst_requests": 4, "tokens_per_min": 1200}},
-        max_ongoing_requests=10, num_router_replicas=2,
-    )  # fmt: skip
-    t = tenants["t"]
-    first = await gate.admit(t, MODEL, 10, 60)
-    assert first.rate_headers["x-ratelimit-limit-requests"] == "4"  # whole-app limits
-    assert first.rate_headers["x-ratelimit-limit-tokens"] == "1200"
-    assert first.rate_headers["x-ratelimit-remaining-requests"] == "2"  # 1 left / share 0.5
-    second = await gate.admit(t, MODEL, 10, 60)  # this replica's burst share: 4 / 2 = 2
-    e = await refused(gate.admit(t, MODEL, 10, 60))
-    assert (e.status, e.code) == (429, "rate_limit_exceeded")
-    assert e.headers["Retry-After"] == "1"  # refill at this replica's share: 1 request/s
-    clock.now_s += 1.0
-    third = await gate.admit(t, MODEL, 10, 60)
-    e = await refused(gate.admit(t, MODEL, 10, 60))
-    assert e.code == "rate_limit_exceeded"
-    for ticket in (first, second, third):
-        gate.finish(ticket, 10)
-    assert_idle(gate)
-
-
-@pytest.mark.parametrize("cap, num_router_replicas, expected", [(3, 2, 2), (4, 2, 2), (1, 2, 1),
-                                                                (5, 1, 5)])  # fmt: skip
-async def test_router_replicas_share_the_concurrency_cap_rounded_up(
-    cap, num_router_replicas, expected
-):
-    gate, tenants, _ = make_gate({"name": "t", "max_concurrent_requests": cap},
-                                 max_ongoing_requests=10, num_router_replicas=num_router_replicas)
-    t = tenants["t"]
-    held = [await gate.admit(t, MODEL, 10, 60) for _ in range(expected)]
-    e = await refused(gate.admit(t, MODEL, 10, 60))
-    assert e.code == "concurrency_limit_exceeded"
-    for ticket in held:
-        gate.finish(ticket, 10)
-    assert_idle(gate)
-
-
-async def test_two_router_replicas_halve_the_token_share():
-    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}},
-                                 max_ongoing_requests=10, num_router_replicas=2)  # fmt: skip
-    t = tenants["t"]
-    ticket = await gate.admit(t, MODEL, 400, 60)
-    assert remaining(gate, t, "tokens") == 200  # (500 - 400) / share 0.5
-    e = await refused(gate.admit(t, MODEL, 200, 60))
-    assert e.status == 429 and "tokens" in e.message
-    gate.finish(ticket, 400)
-    assert_idle(gate)
-
-
-async def test_priority_levels_come_from_the_config():
-    gate, tenants, _ = make_gate(
-        {"name": "gold", "priority": "gold"}, {"name": "lead", "priority": "lead"},
-        priority_levels={"gold": 5, "lead": 9},
-    )  # fmt: skip
-    assert gate.priority(tenants["gold"]) == 5
-    assert gate.priority(tenants["lead"]) == 9
-
-
-# ----------------------------------------------------------------------------------- spans
-
-
-@pytest.fixture
-def spans():
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from serve_app import tracing
-
-    exporter = InMemorySpanExporter()
-    processor = SimpleSpanProcessor(exporter)
-    tracing._provider.add_span_processor(processor)
-    yield exporter
-    processor.shutdown()  # later spans no longer reach this exporter
-
-
-async def test_rate_limit_and_queue_wait_are_separate_spans_of_one_trace(spans):
-    gate, tenants, clock = make_gate(max_ongoing_requests=1)
-    from serve_app import tracing
-
-    with tracing.tracer.start_as_current_span("request") as root:
-        first = await gate.admit(tenants["t"], MODEL, 10, 60)
-        waiting = spawn(gate, tenants["t"])
-        await settle()
-        clock.now_s += 2.5
-        gate.finish(first, 10)
-        second = await waiting
-    got = [(s.name, s.parent.span_id if s.parent else None) for s in spans.get_finished_spans()]
-    root_id = root.get_span_context().span_id
-    assert got.count(("rate_limit", root_id)) == 2 and got.count(("queue_wait", root_id)) == 2
-    waits = [s.attributes["llmserve.queue_wait_s"] for s in spans.get_finished_spans()
-             if s.name == "queue_wait"]  # fmt: skip
-    assert sorted(waits) == [0.0, 2.5] == sorted([first.queue_wait_s, second.queue_wait_s])
-
-
-async def test_a_rate_limited_request_ends_in_an_error_rate_limit_span_and_no_queue_span(spans):
-    from opentelemetry.trace import StatusCode
-
-    gate, tenants, _ = make_gate(LIMITED)
-    for _ in range(2):
-        gate.finish(await gate.admit(tenants["t"], MODEL, 10, 60), 10)
-    spans.clear()
-    await refused(gate.admit(tenants["t"], MODEL, 10, 60))
-    [span] = spans.get_finished_spans()
-    assert span.name == "rate_limit" and span.status.status_code == StatusCode.ERROR
-
-
-# ------------------------------------------------------------------------------- readiness
-
-
-def test_not_ready_until_every_model_has_a_running_replica():
-    config = AppConfig.model_validate({"models": [
-        {"name": "a", "source": "org/a"},
-        {"name": "b", "source": "org/b"},
-        {"name": "zero", "source": "org/z",
-         "deployment": {"autoscaling": {"min_replicas": 0, "max_replicas": 2}}},
-    ]})  # fmt: skip
-    gate = Gate(config, config.tenants, 1, clock=FakeClock())
-    assert gate.not_ready() == {"a": "replica count not known yet",
-                                "b": "replica count not known yet"}  # fmt: skip
-    gate.set_live_replicas("a", 1)
-    gate.set_live_replicas("b", 0)
-    assert gate.not_ready() == {"b": "no replica running"}
-    gate.set_live_replicas("b", 2)
-    # A model that may scale to zero is ready without replicas: its first request starts one.
-    assert gate.not_ready() == {}
-    gate.set_live_replicas("a", 0)  # a replica died and is being replaced
-    assert gate.not_ready() == {"a": "no replica running"}

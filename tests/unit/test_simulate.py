@@ -19,19 +19,17 @@ from autoscaling.simulate import (
     TTFT_OBJECTIVE,
     TTFT_TARGET_S,
     ReplicaModel,
-    Trace,
     arrivals,
     check_targets,
-    daily_trace,
     direction_changes,
     figures,
     fixed_replicas_for_peak,
     main,
     meets_ttft,
     simulate,
-    spike_trace,
     ttft_s,
 )
+from autoscaling.traces import Trace, daily_trace, spike_trace
 
 MODEL = ReplicaModel()
 
