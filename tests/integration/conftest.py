@@ -83,9 +83,11 @@ def pytest_runtest_setup(item):
     avail_gib = psutil.virtual_memory().available / 2**30
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"[host] {item.path.name}: {avail_gib:.1f} GiB available, "
-                            f"load {load}")  # fmt: skip
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # setup output is captured otherwise
+            reporter.write_line(f"[host] {item.path.name}: {avail_gib:.1f} GiB available, "
+                                f"load {load}")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
