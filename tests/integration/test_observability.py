@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from serve_app import cli
-from tests.integration.conftest import CAPACITY, DEFAULT, KEYS, METRICS_PORT, TINY
+from tests.integration.conftest import CAPACITY, DEFAULT, INT8, KEYS, METRICS_PORT, TINY
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
 
 PROM_PORT = int(os.environ.get("LLMSERVE_TEST_PROMETHEUS_PORT", "19090"))
@@ -185,7 +185,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
     replicas = query(prometheus, 'sum by (deployment) (ray_serve_deployment_replica_healthy'
                      '{deployment=~"llm-.*", application="llmserve"})')  # fmt: skip
     assert {s["metric"]["deployment"]: float(s["value"][1]) for s in replicas} == {
-        f"llm-{DEFAULT}": 1.0, f"llm-{TINY}": 1.0}  # fmt: skip
+        f"llm-{name}": 1.0 for name in (DEFAULT, TINY, INT8)}  # fmt: skip
     ttft_sum = finite(query(prometheus, "sum(ray_llmserve_ttft_seconds_sum)"))
     e2e_sum = finite(query(prometheus, "sum(ray_llmserve_e2e_seconds_sum)"))
     assert 0 < ttft_sum[0] <= e2e_sum[0]
