@@ -76,6 +76,8 @@ class Gate:
                 max_queue_len=adm.max_queue_len,
                 max_queue_wait_s=adm.max_queue_wait_s,
                 ageing_s=adm.ageing_s,
+                capped_priority=max(adm.priority_levels.values()),
+                capped_share=adm.batch_max_share,
             )
             for m in config.models
         }

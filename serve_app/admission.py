@@ -13,8 +13,15 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
 arrival. With ageing, an entry's effective priority drops by one every `ageing_s` seconds
 it waits, so batch work passes newer interactive work after long enough and is never
-starved. Invariant after every call: if anything is queued, no slot is free (in-flight >=
-capacity), so a newcomer can never overtake the queue.
+starved.
+
+Reserved slots: requests of the capped class (base priority >= `capped_priority`, batch by
+default) hold at most `capped_share` of the slots (at least one). Without it a saturating
+batch job fills every slot, and an interactive request waits for one of them to finish
+(with synchronized batch clients, a whole generation) before the engine sees it; vLLM's
+priority scheduling only orders its waiting line, it does not stop running sequences to make
+room. Invariant after every call: every queued entry that could start has started, so a
+newcomer admitted at once overtakes only capped entries held back by their cap.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ class AdmissionPolicy:
         ageing_s: float = 0.0,
         displace_lower_priority: bool = True,
         min_retry_after_s: float = 1.0,
+        capped_priority: int | None = None,
+        capped_share: float = 1.0,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -97,13 +106,18 @@ class AdmissionPolicy:
             raise ValueError(f"ageing_s must be >= 0 (0 = off), got {ageing_s}")
         if min_retry_after_s < 0:
             raise ValueError(f"min_retry_after_s must be >= 0, got {min_retry_after_s}")
+        if not 0 < capped_share <= 1:
+            raise ValueError(f"capped_share must be in (0, 1], got {capped_share}")
         self._capacity = capacity
         self._max_queue_len = max_queue_len
         self._max_queue_wait_s = max_queue_wait_s
         self._ageing_s = ageing_s
         self._displace_lower_priority = displace_lower_priority
         self._min_retry_after_s = min_retry_after_s
+        self._capped_priority = capped_priority
+        self._capped_share = capped_share
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
+        self._in_flight_capped: set[str] = set()
         self._queued: dict[str, _Entry] = {}
         # One FIFO per base priority. Ageing depends only on the wait, so within one base
         # priority the oldest entry is always the most urgent: the next to start is the
@@ -121,6 +135,11 @@ class AdmissionPolicy:
     @property
     def num_in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def capped_limit(self) -> int:
+        """Slots the capped class may hold: its share of the capacity, at least one."""
+        return max(1, math.floor(self._capacity * self._capped_share))
 
     @property
     def num_queued(self) -> int:
@@ -151,9 +170,9 @@ class AdmissionPolicy:
         """Decide a new request. Call `poll(now_s)` first so expired entries do not count."""
         if entry_id in self._queued or entry_id in self._in_flight:
             raise ValueError(f"entry {entry_id!r} was already offered")
-        # By the invariant, a free slot means an empty queue: no one is overtaken.
-        if len(self._in_flight) < self._capacity:
-            self._in_flight[entry_id] = now_s
+        # By the invariant, a free slot means that only capped entries over their cap wait.
+        if self._may_start(priority):
+            self._admit(entry_id, priority, now_s)
             return Admit(entry_id)
         entry = _Entry(entry_id, priority, now_s, next(self._seq))
         wait_s = self._expected_wait_s(entry, now_s)
@@ -179,6 +198,7 @@ class AdmissionPolicy:
         let in-flight exceed the capacity.
         """
         admitted_s = self._in_flight.pop(entry_id)
+        self._in_flight_capped.discard(entry_id)
         service_s = max(0.0, now_s - admitted_s)
         if self._mean_service_s is None:
             self._mean_service_s = service_s
@@ -237,24 +257,43 @@ class AdmissionPolicy:
         if not fifo:
             del self._levels[entry.priority]
 
+    def _is_capped(self, priority: int) -> bool:
+        return self._capped_priority is not None and priority >= self._capped_priority
+
+    def _may_start(self, priority: int) -> bool:
+        if len(self._in_flight) >= self._capacity:
+            return False
+        return not self._is_capped(priority) or len(self._in_flight_capped) < self.capped_limit
+
+    def _admit(self, entry_id: str, priority: int, now_s: float) -> None:
+        self._in_flight[entry_id] = now_s
+        if self._is_capped(priority):
+            self._in_flight_capped.add(entry_id)
+
     def _start_queued(self, now_s: float) -> list[str]:
         started: list[str] = []
         while self._queued and len(self._in_flight) < self._capacity:
-            best = min((fifo[next(iter(fifo))] for fifo in self._levels.values()),
-                       key=lambda e: self._key(e, now_s))
+            heads = sorted((fifo[next(iter(fifo))] for fifo in self._levels.values()),
+                           key=lambda e: self._key(e, now_s))  # fmt: skip
+            best = next((e for e in heads if self._may_start(e.priority)), None)
+            if best is None:  # only capped entries wait, and their share is taken
+                break
             self._remove(best)
-            self._in_flight[best.entry_id] = now_s
+            self._admit(best.entry_id, best.priority, now_s)
             started.append(best.entry_id)
         return started
 
     def _expected_wait_s(self, entry: _Entry, now_s: float) -> float | None:
         """Seconds until `entry` would start: the entries ahead of it, worked off at the
-        observed service rate. None until a completion has been seen."""
+        observed service rate (a capped entry: those of its class, on its share of the
+        slots). None until a completion has been seen."""
         if self._mean_service_s is None or self._capacity == 0:
             return None
-        key = self._key(entry, now_s)
-        ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
-        return (ahead + 1) * self._mean_service_s / self._capacity
+        key, capped = self._key(entry, now_s), self._is_capped(entry.priority)
+        ahead = sum(1 for e in self._queued.values()
+                    if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority)))
+        slots = self.capped_limit if capped else self._capacity
+        return (ahead + 1) * self._mean_service_s / slots
 
     def _retry_after_s(self) -> float:
         """When a refused client might be served: the time to work off today's queue at

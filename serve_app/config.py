@@ -301,6 +301,12 @@ class AdmissionConfig(_Strict):
     ageing_s: float = Field(
         default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
     )
+    batch_max_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="The lowest class (the largest level: batch) holds at most this share of "
+        "a model's in-flight slots, at least one; the rest stay free for the other classes, "
+        "so their requests start at once under a batch flood. 1 = no reservation.",
+    )
     anonymous_tenant: str | None = Field(
         default="anonymous",
         description="Tenant for requests without a key; null makes a key mandatory (401).",

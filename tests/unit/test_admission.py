@@ -282,15 +282,70 @@ def test_bad_parameters(kwargs):
         make(**kwargs)
 
 
+# -- reserved slots ----------------------------------------------------------------------------
+
+
+def test_batch_holds_at_most_its_share_and_interactive_starts_at_once():
+    policy = make(capacity=4, capped_priority=BATCH, capped_share=0.5)
+    decisions = {e: policy.offer(e, BATCH, 0.0) for e in ("b0", "b1", "b2", "b3")}
+    assert [type(d) for d in decisions.values()] == [Admit, Admit, Queue, Queue]
+    assert policy.offer("i0", INTERACTIVE, 1.0) == Admit("i0")  # a reserved slot, no wait
+    assert policy.offer("s0", STANDARD, 1.0) == Admit("s0")
+    assert isinstance(policy.offer("i1", INTERACTIVE, 2.0), Queue)  # all four slots busy
+    assert policy.release("b0", 3.0) == ["i1"]  # the interactive request first
+    assert policy.release("i0", 4.0) == ["b2"]  # batch holds one of its two: b2 may start
+    assert policy.release("s0", 5.0) == []  # batch holds its two; b3 waits, a slot stays free
+    assert policy.num_in_flight == 3 and policy.queued_in_order(5.0) == ["b3"]
+    assert policy.offer("s1", STANDARD, 6.0) == Admit("s1")  # the free slot, past b3
+    assert policy.release("b1", 7.0) == ["b3"]
+
+
+def test_batch_keeps_at_least_one_slot():
+    policy = make(capacity=1, capped_priority=BATCH, capped_share=0.5)
+    assert policy.capped_limit == 1
+    assert policy.offer("b0", BATCH, 0.0) == Admit("b0")
+
+
+def test_ageing_does_not_lift_the_batch_share():
+    policy = make(capacity=2, capped_priority=BATCH, capped_share=0.5, ageing_s=1.0)
+    policy.offer("b0", BATCH, 0.0)
+    policy.offer("b1", BATCH, 0.0)  # waits: batch holds its one slot
+    assert policy.queued_in_order(100.0) == ["b1"]
+    assert policy.offer("i0", INTERACTIVE, 100.0) == Admit("i0")  # b1 aged past it, still held
+
+
+def test_batch_expected_wait_counts_its_share_of_the_slots():
+    policy = make(capacity=4, max_queue_wait_s=15.0, capped_priority=BATCH, capped_share=0.25)
+    for e in ("b0", "s0", "s1", "s2"):
+        policy.offer(e, BATCH if e == "b0" else STANDARD, 0.0)
+    policy.release("s0", 10.0)  # one completion: 10 s a request
+    policy.offer("s3", STANDARD, 10.0)
+    assert isinstance(policy.offer("b1", BATCH, 10.0), Queue)  # 1 x 10 s on its 1 slot
+    # b2 has b1 ahead on batch's one slot: 20 s > 15 s, refused at once; a standard request
+    # behind no one, on all four slots, would wait 2.5 s.
+    assert policy.offer("b2", BATCH, 10.0).reason == "queue_wait"
+    assert isinstance(policy.offer("s4", STANDARD, 10.0), Queue)
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_batch_share_must_be_a_share(share):
+    with pytest.raises(ValueError, match="capped_share"):
+        make(capped_priority=BATCH, capped_share=share)
+
+
 # -- randomised invariants ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_sequences_keep_invariants(seed):
     rng = random.Random(seed)
+    capped = seed % 2 == 1  # half the runs reserve slots: batch holds a share at most
     policy = make(capacity=rng.randint(0, 4), max_queue_len=rng.randint(0, 6),
                   max_queue_wait_s=rng.uniform(1, 20), ageing_s=rng.choice([0.0, 0.5, 3.0]),
-                  displace_lower_priority=rng.random() < 0.5)
+                  displace_lower_priority=rng.random() < 0.5,
+                  capped_priority=BATCH if capped else None,
+                  capped_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0)
+    priority: dict[str, int] = {}
     offered: list[str] = []
     outcome: dict[str, str] = {}  # id -> "admitted" | "rejected" | "cancelled", set once
     running: set[str] = set()
@@ -300,11 +355,24 @@ def test_random_sequences_keep_invariants(seed):
         assert entry_id not in outcome, f"{entry_id} decided twice"
         outcome[entry_id] = fate
 
+    def running_batch() -> int:
+        return sum(1 for e in running if priority[e] == BATCH)
+
+    def start(entry_id: str) -> None:
+        settle(entry_id, "admitted")
+        running.add(entry_id)
+        if capped and priority[entry_id] == BATCH:
+            assert running_batch() <= policy.capped_limit
+
     def started(ids: list[str], expected_order: list[str]) -> None:
-        assert ids == expected_order[:len(ids)]  # the most urgent start, in order
+        if capped:  # the most urgent of those allowed start, in order; batch may be skipped
+            assert ids == [e for e in expected_order if e in ids]
+            skipped = expected_order[:expected_order.index(ids[-1])] if ids else []
+            assert all(priority[e] == BATCH for e in skipped if e not in ids)
+        else:
+            assert ids == expected_order[:len(ids)]  # the most urgent start, in order
         for entry_id in ids:
-            settle(entry_id, "admitted")
-            running.add(entry_id)
+            start(entry_id)
         if ids:
             assert policy.num_in_flight <= policy.capacity
 
@@ -315,11 +383,11 @@ def test_random_sequences_keep_invariants(seed):
         if op < 0.45:
             entry_id = f"e{step}"
             offered.append(entry_id)
-            decision = policy.offer(entry_id, rng.choice([0, 1, 2]), now_s)
+            priority[entry_id] = rng.choice([0, 1, 2])
+            decision = policy.offer(entry_id, priority[entry_id], now_s)
             if isinstance(decision, Admit):
                 assert policy.num_in_flight <= policy.capacity
-                settle(entry_id, "admitted")
-                running.add(entry_id)
+                start(entry_id)
             elif isinstance(decision, Reject):
                 assert decision.retry_after_s > 0
                 settle(entry_id, "rejected")
@@ -345,8 +413,10 @@ def test_random_sequences_keep_invariants(seed):
         assert policy.num_in_flight == len(running)
         assert policy.num_queued == len(queued) <= 6
         assert sum(policy.num_queued_by_priority().values()) == len(queued)
-        if queued:  # nothing waits while a slot is free
-            assert policy.num_in_flight >= policy.capacity
+        if queued and policy.num_in_flight < policy.capacity:
+            # A slot is free: only batch waits, held back by its share.
+            assert capped and all(priority[e] == BATCH for e in queued), queued
+            assert running_batch() >= policy.capped_limit
         assert queued.isdisjoint(outcome)  # a decided entry is not still queued
 
     # Drain: everything still queued starts or times out; nothing is lost.

@@ -163,6 +163,24 @@ async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
 
 
 
+async def test_batch_max_share_keeps_slots_for_interactive_requests():
+    gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=4, batch_max_share=0.5)
+    batch = [spawn(gate, tenants["batch"]) for _ in range(4)]
+    await settle()
+    assert state(gate) == (2, 2)  # batch holds half the slots; two batch requests wait
+    ticket = await asyncio.wait_for(gate.admit(tenants["inter"], MODEL, 10, 60), 1)
+    assert state(gate) == (3, 2)  # the interactive request started at once
+    gate.finish(ticket, 10)
+    for done in [t for t in batch if t.done()]:
+        gate.finish(done.result(), 10)
+    await settle()
+    assert state(gate) == (2, 0)  # the waiting batch requests took batch's two slots
+    for t in batch:
+        if not t.done() or not t.result().finished:
+            gate.finish(await t, 10)
+    assert_idle(gate)
+
+
 async def test_an_interactive_request_queued_after_batch_ones_starts_first():
     gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1)
     running = await gate.admit(tenants["batch"], MODEL, 10, 60)
