@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -48,21 +53,36 @@ class Load:
         self.num_clients, self.max_tokens = num_clients, max_tokens
         self.deadline_s, self.margin_s = deadline_s, margin_s
         self.results: list[Result] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()  # set in the client process when told to stop
+        self._process: subprocess.Popen | None = None
         self._count = 0
 
     def start(self) -> None:
-        """Runs the clients in a thread of their own (with its own event loop), so that the
-        scenario may block on Ray calls without stalling them."""
-        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
-        self._thread.start()
+        """Runs the clients in a process of their own (`python -m chaos.load`). In a thread of
+        the scenario's process they shared its GIL with Ray's blocking calls (a node start
+        holds it for seconds), so on a loaded host their timers fired late and answered
+        requests were counted as hangs."""
+        params = dict(url=self.url, model=self.model, num_clients=self.num_clients,
+                      max_tokens=self.max_tokens, deadline_s=self.deadline_s,
+                      margin_s=self.margin_s)  # fmt: skip
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "chaos.load", json.dumps(params)], cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
 
     def stop(self) -> None:
         """Stops sending; waits for the requests in flight (bounded by deadline + margin)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._process is None:
+            return
+        proc, self._process = self._process, None
+        try:
+            out, _ = proc.communicate("stop\n", timeout=self.deadline_s + self.margin_s + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the load process for {self.model} did not stop") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"the load process for {self.model} failed: exit {proc.returncode}")
+        self.results = [Result(**r) for r in json.loads(out)]
 
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=self.num_clients * 2)
@@ -141,6 +161,14 @@ class Load:
         return Result(self.model, True, start, end, "truncated", 200, False, "no_done", replica)
 
 
+def _client_main(params: dict) -> None:
+    """The client process: runs until a line arrives on stdin, then prints the results."""
+    load = Load(**params)
+    threading.Thread(target=lambda: (sys.stdin.readline(), load._stop.set()), daemon=True).start()
+    asyncio.run(load._run())
+    json.dump([asdict(r) for r in load.results], sys.stdout)
+
+
 @contextmanager
 def running(*workers):
     """Starts the loads and watches given; stops them however the block ends, so that no thread
@@ -161,3 +189,7 @@ def _error_code(raw: bytes) -> tuple[str, bool]:
         return str(err.get("code") or err.get("type") or ""), bool(err.get("message"))
     except (ValueError, KeyError, TypeError):
         return raw[:60].decode(errors="replace"), False
+
+
+if __name__ == "__main__":
+    _client_main(json.loads(sys.argv[1]))
