@@ -60,9 +60,9 @@ def run_engine(short: bool, port_base: int) -> dict:
     with ChaosCluster(port_base=port_base) as cluster:
         serve.run(build_app(app_args([tiny_model(tiny, 2)])), name=APP, route_prefix="/")
         fault = Fault("engine-kill", LLM_TINY, 2, _kill_engine(cluster))
+        # 480 s to recover: on the loaded 2-core CI host a new tiny engine took over 240 s once.
         figures = {"engine_kill": _under_load(cluster, short, fault, TINY, clients=6,
                                               max_tokens=64, recovery_s=480)}  # fmt: skip
-    # 480 s: on the loaded 2-core CI host a new tiny engine once took over 240 s to serve.
     return {"faults": figures, "leftover_processes": cluster.leftover}
 
 
