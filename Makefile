@@ -10,7 +10,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install prepare serve stop test unit integration clean prometheus chaos bench
+.PHONY: install prepare serve stop test unit integration clean prometheus chaos chaos-short bench
 
 install: $(STAMP)
 
@@ -59,10 +59,14 @@ bench: install
 	$(BIN)/python -m bench.peers --full $(BENCH_ARGS)
 
 # Every chaos scenario in its long form (soak 10 min; about 30 min in all), each on a Ray cluster
-# of its own; figures in bench/results/chaos.json and chaos.md. CI runs the short forms
-# (tests/integration/test_chaos.py).
+# of its own; figures in bench/results/chaos.json and chaos.md.
 chaos: install
 	$(BIN)/python -m chaos --all --out-dir bench/results
+
+# All five chaos short forms as tests (about 12 min): `make test` runs only the two whose
+# engines are simulated; engine death, node loss and the soak are here.
+chaos-short: install
+	$(BIN)/python -m pytest tests/integration/test_chaos.py -m "" -v -rs $(PYTEST_ARGS)
 
 clean: stop
 	rm -rf $(VENV)

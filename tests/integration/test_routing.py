@@ -15,8 +15,14 @@ from ray import serve
 from serve_app.app import build_app
 from tests.integration.conftest import TINY
 
+# Each test may wait for engines to start (two, in the first): longer than the default limit.
+pytestmark = pytest.mark.timeout(4 * 900)
+
 PREFIX = "/routing"
 NAME = "tiny-pair"
+READY_S = 900  # ceilings of waits for an engine to start: only a slow host ever reaches them
+# A client's bound on one request: ~2 s on a quiet host, 55 s seen on a slow hour's CI.
+REQUEST_TIMEOUT_S = 120
 
 
 def routing_app(model_dirs, policy: str) -> dict:
@@ -29,7 +35,9 @@ def routing_app(model_dirs, policy: str) -> dict:
             "deployment": {"num_replicas": 2, "max_ongoing_requests": 32, "num_cpus": 0.5,
                            "health_check_period_s": 2, "health_check_timeout_s": 30},
             "routing": {"policy": policy, "stats_period_s": 0.5, "session_affinity": False},
-            "health": {"probe_timeout_s": 5, "hang_timeout_s": 10},
+            # Tight enough to see a hung engine within a minute, loose enough that a healthy
+            # one on a loaded CI host still answers its one-token probe.
+            "health": {"probe_timeout_s": 10, "hang_timeout_s": 20},
         }],
     }  # fmt: skip
 
@@ -43,20 +51,23 @@ def deploy(serve_app, model_dirs):
             return f"{serve_app}{PREFIX}"
         deployed["policy"] = policy
         serve.run(build_app(routing_app(model_dirs, policy)), name="routing", route_prefix=PREFIX)
-        # A redeploy replaces replicas one by one: wait until both new ones serve.
-        deadline = time.monotonic() + 180
+        # A redeploy replaces replicas one by one: wait until both new ones serve. An engine
+        # starts in ~30 s here, but took 320 s in a CI run on a slow hour: measuring while one
+        # replica still starts would measure the start, not the routing.
+        deadline, d = time.monotonic() + READY_S, None
         while time.monotonic() < deadline:
             d = serve.status().applications["routing"].deployments[f"llm-{NAME}"]
             if d.status == "HEALTHY" and d.replica_states == {"RUNNING": 2}:
-                break
+                return f"{serve_app}{PREFIX}"
             time.sleep(1)
-        return f"{serve_app}{PREFIX}"
+        raise AssertionError(f"{policy}: replicas not both running within {READY_S} s: {d}")
 
     yield _deploy
     serve.delete("routing")
 
 
-async def _request(c: httpx.AsyncClient, max_tokens: int, i: int, timeout_s: float = 60):
+async def _request(c: httpx.AsyncClient, max_tokens: int, i: int,
+                   timeout_s: float = REQUEST_TIMEOUT_S):
     t0 = time.monotonic()
     try:
         r = await c.post("/v1/completions", timeout=timeout_s, json={
@@ -111,14 +122,14 @@ def test_killed_engine_fails_only_its_in_flight_requests(deploy):
     url = deploy("llm_aware")
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
     # Find one replica's engine process.
-    stats = handle.stats.remote().result(timeout_s=30)
+    stats = handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S)
     victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
     assert pid
 
     kill_at_s = 4.0
 
     async def steady_load():
-        """4 clients in a loop until a new replica has served for 10 s (at most 180 s)."""
+        """4 clients in a loop until a new replica has served for 10 s (at most READY_S)."""
         results, t0 = [], time.monotonic()
         recovered_at = None
         async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=16)) as c:
@@ -126,13 +137,13 @@ def test_killed_engine_fails_only_its_in_flight_requests(deploy):
 
             def done() -> bool:
                 return (recovered_at is not None and time.monotonic() > recovered_at + 10
-                        or time.monotonic() - t0 > 180)  # fmt: skip
+                        or time.monotonic() - t0 > READY_S)  # fmt: skip
 
             async def client(k: int):
                 nonlocal recovered_at
                 i = 0
                 while not done():
-                    r = await _request(c, 48, k * 1000 + i, timeout_s=30)
+                    r = await _request(c, 48, k * 1000 + i)
                     results.append(r)
                     known = {r["replica"] for r in results if r["start"] < t0 + kill_at_s}
                     if recovered_at is None and r["replica"] and r["replica"] not in known | {victim}:
@@ -152,9 +163,9 @@ def test_killed_engine_fails_only_its_in_flight_requests(deploy):
           f"serving afterwards: {dict(late)}")  # fmt: skip
     # Only what was in flight on the killed replica may fail: at most the 4 clients' requests.
     assert len(failed) <= 4
-    assert all(r["end"] - r["start"] < 30 for r in results), "a request hung"
+    assert all(r["end"] - r["start"] < REQUEST_TIMEOUT_S for r in results), "a request hung"
     # The survivor served meanwhile: requests completed while the victim was down.
-    assert recovered_at is not None, "no replacement replica within 180 s"
+    assert recovered_at is not None, f"no replacement replica within {READY_S} s"
     during = [r for r in results if t0 + kill_at_s + 2 < r["start"] < recovered_at]
     assert during and all(r["status"] == 200 for r in during)
     assert len(late) == 2 and victim not in late
@@ -166,12 +177,13 @@ def test_non_streaming_disconnect_aborts_engine_request(deploy):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/v1/completions", timeout=1.5, json={
             "model": NAME, "prompt": "Count", "max_tokens": 900, "ignore_eos": True})  # fmt: skip
-    # Both replicas must be idle within seconds (ask several times: each call hits one of them).
-    deadline = time.monotonic() + 10
+    # Both replicas must be idle within seconds (ask several times: each call hits one of them);
+    # 30 s leaves room for a loaded host, and is still far short of the 900 tokens' run.
+    deadline = time.monotonic() + 30
     busy: dict[str, int] = defaultdict(int)
     while time.monotonic() < deadline:
         for _ in range(6):
-            s = handle.stats.remote().result(timeout_s=10)
+            s = handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S)
             busy[s.extra["replica_id"]] = s.num_unfinished
         if len(busy) == 2 and not any(busy.values()):
             break
@@ -185,21 +197,21 @@ def test_hung_engine_is_detected_and_replaced(deploy):
     Serve replaces the replica; meanwhile and afterwards requests are served."""
     url = deploy("llm_aware")
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
-    stats = handle.stats.remote().result(timeout_s=30)
+    stats = handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S)
     victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
     os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
         replaced_s = None
-        while time.monotonic() - t0 < 150:
-            seen = {handle.stats.remote().result(timeout_s=30).extra["replica_id"]
+        while time.monotonic() - t0 < READY_S:
+            seen = {handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S).extra["replica_id"]
                     for _ in range(6)}  # fmt: skip
             d = serve.status().applications["routing"].deployments[f"llm-{NAME}"]
             if victim not in seen and d.replica_states == {"RUNNING": 2} and len(seen) == 2:
                 replaced_s = time.monotonic() - t0
                 break
             time.sleep(2)
-        statuses = [httpx.post(f"{url}/v1/completions", timeout=60, json={
+        statuses = [httpx.post(f"{url}/v1/completions", timeout=REQUEST_TIMEOUT_S, json={
             "model": NAME, "prompt": f"after {i}", "max_tokens": 8}).status_code
             for i in range(6)]  # fmt: skip
         print(f"\nhung engine's replica replaced after {replaced_s} s; then {statuses}")
