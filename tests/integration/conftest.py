@@ -118,6 +118,7 @@ MAX_NUM_SEQS = 8
 CAPACITY = 16
 MAX_QUEUE_LEN = 24
 SIM_RATE_PER_S = 20.0
+SLOW_HOST_DEADLINE_S = 300  # the tenants' default deadline (the product's default: 60 s)
 SIM_PREFIX = "/sim"
 
 
@@ -125,10 +126,10 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
     engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
     # Other modules load this host far past what a replica sees in service; a probe that gave up
     # after the default 20 s restarted idle engines mid-session (minutes each, failing others).
-    health = {"probe_timeout_s": 60}
+    health = {"probe_timeout_s": 120}
     # Every 30 s, not 10: after each one-token probe vLLM's worker spins for a second (its shm
     # queue's busy loop), ~10% of a core per idle engine at a 10 s period on this 2-core host.
-    checks = {"health_check_timeout_s": 90, "health_check_period_s": 30}
+    checks = {"health_check_timeout_s": 180, "health_check_period_s": 30}
     return {
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},
         "tracing": {"exporter": "file", "file_path": str(TRACE_FILE)},
@@ -146,16 +147,20 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
              # Half a logical CPU: the apps other test modules add must still schedule.
              "deployment": {"num_cpus": 0.5, "cpu_nice": 10, **checks}, "health": health},
         ],
-        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 60, "ageing_s": 0},
+        # Deadlines and queue bounds far above a quiet host's needs: a slow hour's CI (2-3x)
+        # must not turn the tests' ordinary requests into 503s and 504s.
+        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 180, "ageing_s": 0},
         "tenants": [
-            {"name": "anonymous", "default_timeout_s": 120},
-            {"name": "interactive", "api_keys": [KEYS["interactive"]], "priority": "interactive"},
+            {"name": "anonymous", "default_timeout_s": SLOW_HOST_DEADLINE_S},
+            {"name": "interactive", "api_keys": [KEYS["interactive"]], "priority": "interactive",
+             "default_timeout_s": SLOW_HOST_DEADLINE_S},
             {"name": "batch", "api_keys": [KEYS["batch"]], "priority": "batch",
              "max_timeout_s": 600, "default_timeout_s": 300},
             {"name": "limited", "api_keys": [KEYS["limited"]],
              "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
-             "max_tokens_cap": 16},
-            {"name": "tiny-only", "api_keys": [KEYS["tiny-only"]], "models": [TINY]},
+             "max_tokens_cap": 16, "default_timeout_s": SLOW_HOST_DEADLINE_S},
+            {"name": "tiny-only", "api_keys": [KEYS["tiny-only"]], "models": [TINY],
+             "default_timeout_s": SLOW_HOST_DEADLINE_S},
         ],
     }  # fmt: skip
 
@@ -217,7 +222,7 @@ def base_url(serve_app) -> str:
 
 @pytest.fixture
 def http(serve_app):
-    with httpx.Client(base_url=serve_app, timeout=120) as client:
+    with httpx.Client(base_url=serve_app, timeout=SLOW_HOST_DEADLINE_S + 100) as client:
         yield client
 
 
@@ -240,4 +245,4 @@ def llm_handle(model: str):
 
 
 def engine_stats(model: str):
-    return llm_handle(model).stats.remote().result(timeout_s=30)
+    return llm_handle(model).stats.remote().result(timeout_s=120)
