@@ -54,10 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default="none", help="a tenant's key; `none` = anonymous")
     parser.add_argument("--models", nargs="*", help="default: every model /v1/models lists")
     parser.add_argument("--wait-s", type=float, default=300.0, help="how long to wait for /readyz")
+    parser.add_argument("--timeout-s", type=float, default=120.0,
+                        help="how long one answer may take")  # fmt: skip
     args = parser.parse_args(argv)
     wait_ready(args.url, args.wait_s)
     client = openai.OpenAI(base_url=f"{args.url}/v1", api_key=args.api_key, max_retries=0,
-                           timeout=120)  # fmt: skip
+                           timeout=args.timeout_s)  # fmt: skip
     models = args.models or [m.id for m in client.models.list().data]
     failed = []
     for model in models:

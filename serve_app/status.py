@@ -247,12 +247,20 @@ def with_router_models(snap: Snapshot, models: dict[str, dict]) -> Snapshot:
     return snap
 
 
-def run(url: str, metrics_urls: list[str], interval_s: float, once: bool, out=None) -> int:
-    """The live view; with `once`, two scrapes `interval_s` apart and one printed table."""
+def run(
+    url: str,
+    metrics_urls: list[str],
+    interval_s: float,
+    once: bool,
+    out=None,
+    timeout_s: float = 5.0,
+) -> int:
+    """The live view; with `once`, two scrapes `interval_s` apart and one printed table.
+    `timeout_s` bounds each HTTP call (the Router's /healthz, each metrics export)."""
     import httpx
 
     out = out or sys.stdout
-    client = httpx.Client(timeout=5.0)
+    client = httpx.Client(timeout=timeout_s)
 
     def get_text(u: str) -> str:
         r = client.get(u)

@@ -14,6 +14,7 @@ from tests.integration.conftest import (
     CAPACITY,
     DEFAULT,
     KEYS,
+    MAX_NUM_SEQS,
     MAX_QUEUE_LEN,
     METRICS_PORT,
     SIM_PREFIX,
@@ -32,7 +33,7 @@ PARIS = [
 FLOOD_ID = f"flood-{time.time_ns()}"
 
 
-def router_access_log(prefix: str, timeout_s: float = 15.0, want: int = 1) -> list[dict]:
+def router_access_log(prefix: str, timeout_s: float = 90.0, want: int = 1) -> list[dict]:
     """The Router's access-log records whose request id starts with `prefix`."""
     deadline = time.monotonic() + timeout_s
     records: list[dict] = []
@@ -57,6 +58,21 @@ def chat(model=DEFAULT, **kw):
     return {"model": model, "messages": PARIS, "max_tokens": 8, **kw}
 
 
+def burst(base_url: str, headers: dict, body: dict, n: int) -> tuple[list[httpx.Response], float]:
+    """n chat requests sent at once, and the seconds until the last answer. One after another,
+    each would wait for the previous one to be served, and on a slow host the bucket refills in
+    between: whether a 429 came would measure the host, not the limit."""
+
+    async def send():
+        async with httpx.AsyncClient(base_url=base_url, timeout=400) as c:
+            t0 = time.monotonic()
+            rs = await asyncio.gather(*(c.post("/v1/chat/completions", json=body,
+                                               headers=headers) for _ in range(n)))  # fmt: skip
+            return list(rs), time.monotonic() - t0
+
+    return asyncio.run(send())
+
+
 def test_keys_are_checked(http, base_url):
     r = http.post("/v1/chat/completions", json=chat(), headers=auth("interactive"))
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "interactive"
@@ -67,7 +83,8 @@ def test_keys_are_checked(http, base_url):
     assert r.status_code == 401
     # The `sim` app does not: there an unknown key is a 401.
     r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions", json={"model": "sim-model",
-                   "prompt": "x"}, headers={"Authorization": "Bearer nope-0"})  # fmt: skip
+                   "prompt": "x"}, headers={"Authorization": "Bearer nope-0"},
+                   timeout=60)  # fmt: skip
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     # A tenant limited to the tiny model cannot reach the default one, nor learn that it exists.
     r = http.post("/v1/chat/completions", json=chat(), headers=auth("tiny-only"))
@@ -76,18 +93,23 @@ def test_keys_are_checked(http, base_url):
     assert r.status_code == 200
 
 
-def test_rate_limit_gives_429_with_retry_after_and_headers(http):
-    statuses = []
-    for _ in range(4):
-        r = http.post("/v1/chat/completions", json=chat(), headers=auth("limited"))
-        statuses.append(r.status_code)
+def test_rate_limit_gives_429_with_retry_after_and_headers(base_url):
+    # Burst 2 at 0.5/s: of 5 arriving together, at least one is refused unless their arrivals
+    # spread over 6 s.
+    responses, span_s = burst(base_url, auth("limited"), chat(), 5)
+    statuses = sorted(r.status_code for r in responses)
+    for r in responses:
         assert r.headers["x-ratelimit-limit-requests"] == "2"
         assert "x-ratelimit-remaining-requests" in r.headers
         assert "x-ratelimit-reset-requests" in r.headers
         if r.status_code == 429:
             assert int(r.headers["Retry-After"]) >= 1
             assert r.json()["error"]["code"] == "rate_limit_exceeded"
-    assert statuses[:2] == [200, 200] and 429 in statuses[2:]
+    admitted = statuses.count(200)
+    print(f"\n5 requests at once from `limited`: {statuses} within {span_s:.2f} s")
+    assert set(statuses) <= {200, 429}, statuses
+    assert admitted >= 2 and 429 in statuses
+    assert admitted <= 2 + 0.5 * span_s + 1, "more than the burst and the refill allow"
 
 
 def test_max_tokens_above_cap_is_clamped_and_said(http):
@@ -119,7 +141,7 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
 
     async def flood():
         limits = httpx.Limits(max_connections=num_requests)
-        async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as c:
+        async with httpx.AsyncClient(base_url=base_url, timeout=400, limits=limits) as c:
             return await asyncio.gather(*(
                 _flood_one(c, tenants[i % len(tenants)], i, spread_s * i / num_requests)
                 for i in range(num_requests)))  # fmt: skip
@@ -135,26 +157,35 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
             assert int(r.headers["Retry-After"]) >= 1
             assert r.json()["error"]["code"] in ("rate_limit_exceeded", "queue_full", "queue_wait")
     rejected = by_status.get(429, []) + by_status.get(503, [])
+    rej_med, served_med = statistics.median(rejected), statistics.median(by_status.get(200, [0]))
     print(f"\n{num_requests} requests: {len(by_status.get(200, []))} served, "
           f"{len(by_status.get(429, []))} x 429, {len(by_status.get(503, []))} x 503; "
-          f"rejections answered in median {statistics.median(rejected) * 1000:.0f} ms, "
-          f"max {max(rejected) * 1000:.0f} ms")  # fmt: skip
+          f"rejections answered in median {rej_med * 1000:.0f} ms, "
+          f"max {max(rejected) * 1000:.0f} ms; served in median "
+          f"{served_med * 1000:.0f} ms")  # fmt: skip
     assert len(by_status.get(200, [])) >= CAPACITY
     assert len(by_status.get(503, [])) > 0, "the queue never filled: the flood was too small"
     # The refusal itself is decided at once; what the client waits for is the HTTP path on two
-    # cores that also run the engine for the 40 admitted requests. The median ranged 0.05-1.1 s
-    # from run to run here (printed above); on a GPU host the engine leaves the CPU to the door.
-    assert statistics.median(rejected) < 2.0
+    # cores that also run the engine for the admitted requests. The median ranged 0.05-1.1 s
+    # from run to run here and the host's speed drifts 2-3x, so it is held against the requests
+    # served in the same flood, which share that path and those cores: a refusal that waited
+    # for a slot would take about as long as they do.
+    assert rej_med < 0.5 * served_med
+    assert rej_med < 60, "refusals hung"
     # Where the time goes: the Router's own view (access log e2e: from its handler's start,
-    # through the body read from the proxy, to the refusal). Printed, and bounded as generously
-    # as the client's: on a loaded 2-core host the Router's event loop waits for CPU too. The
+    # through the body read from the proxy, to the refusal or the last token), held to the same
+    # comparison: on a loaded 2-core host the Router's event loop waits for CPU too. The
     # steady-overload figure (p50 0.03 s) is bench/admission_load.py's.
-    log = router_access_log(FLOOD_ID, want=len(rejected))
+    log = router_access_log(FLOOD_ID, want=num_requests)
     inside = [r["e2e_ms"] for r in log if r["status"] in ("429", "503")]
-    print(f"inside the Router: {len(inside)} refusals in median "
-          f"{statistics.median(inside):.1f} ms, max {max(inside):.1f} ms")  # fmt: skip
+    inside_served = [r["e2e_ms"] for r in log if r["status"] == "ok"]
+    in_rej_med, in_served_med = statistics.median(inside), statistics.median(inside_served or [0])
+    print(f"inside the Router: {len(inside)} refusals in median {in_rej_med:.1f} ms, "
+          f"max {max(inside):.1f} ms; {len(inside_served)} served in median "
+          f"{in_served_med:.1f} ms")  # fmt: skip
     assert len(inside) == len(rejected)
-    assert statistics.median(inside) < 2000
+    assert len(inside_served) == len(by_status[200])
+    assert in_rej_med < 0.5 * in_served_med
     # Afterwards: nothing running, nothing queued, and the replica did not restart.
     assert engine_stats(DEFAULT).num_unfinished == 0
     health = http.get("/healthz").json()["models"][DEFAULT]
@@ -167,10 +198,10 @@ def test_queue_depth_and_rejections_reach_prometheus_export(serve_app):
     """After the flood: Ray's metrics export carries the Router's queue and rejection series."""
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
     wanted = ("ray_llmserve_queue_depth{", "ray_llmserve_rejections_total{")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     text = ""
     while time.monotonic() < deadline:
-        text = httpx.get(url, timeout=5).text
+        text = httpx.get(url, timeout=30).text
         if all(w in text for w in wanted) and 'reason="queue_full"' in text:
             break
         time.sleep(1)
@@ -199,11 +230,15 @@ async def _ttft(client, tenant: str, i: int, max_tokens: int) -> float:
 def test_interactive_first_token_beats_batch_under_saturation(base_url):
     async def scenario():
         limits = httpx.Limits(max_connections=200)
-        async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as c:
+        async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as c:
             # Saturate: the engine's slots, the Router's in-flight cap and part of the queue.
             background = [asyncio.create_task(_ttft(c, "batch", i, 48))
                           for i in range(CAPACITY + MAX_QUEUE_LEN // 2)]  # fmt: skip
-            await asyncio.sleep(2.0)
+            # How long that takes depends on the host: wait until the engine is full.
+            deadline = time.monotonic() + 120
+            while (await asyncio.to_thread(engine_stats, DEFAULT)).num_running < MAX_NUM_SEQS:
+                assert time.monotonic() < deadline, "the batch requests never filled the engine"
+                await asyncio.sleep(0.2)
             # Then the same work from both classes, arriving together.
             probes = [asyncio.create_task(_ttft(c, tenant, 1000 + i, 16))
                       for i in range(4) for tenant in ("interactive", "batch")]  # fmt: skip
@@ -220,9 +255,14 @@ def test_interactive_first_token_beats_batch_under_saturation(base_url):
 
 
 def test_deadline_stops_a_long_stream_and_frees_the_engine(http, base_url):
+    # The host's pace now: how late after its deadline a stream may end scales with it.
+    t0 = time.monotonic()
+    r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Count:", "max_tokens": 1})
+    t1 = time.monotonic() - t0
+    assert r.status_code == 200, r.text
     t0 = time.monotonic()
     lines = []
-    with httpx.Client(base_url=base_url, timeout=60) as c:
+    with httpx.Client(base_url=base_url, timeout=120) as c:
         with c.stream("POST", "/v1/completions", json={
             "model": DEFAULT, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True,
             "stream": True, "timeout": 3,
@@ -232,10 +272,13 @@ def test_deadline_stops_a_long_stream_and_frees_the_engine(http, base_url):
     elapsed = time.monotonic() - t0
     assert lines[-1] == "data: [DONE]"
     assert "event: error" in lines and "deadline_exceeded" in lines[-2]
-    assert sum(line.startswith("data: {\"id\"") for line in lines) > 5  # it did stream first
-    print(f"\nstream with a 3 s deadline ended after {elapsed:.2f} s")
-    assert 2.5 < elapsed < 6
-    deadline = time.monotonic() + 5
+    assert sum(line.startswith("data: {\"id\"") for line in lines) >= 1  # it did stream first
+    # 1500 tokens take far longer than this bound, which is what the claim rests on.
+    bound_s = 3 + max(3.0, 5 * t1)
+    print(f"\nstream with a 3 s deadline ended after {elapsed:.2f} s (bound {bound_s:.1f} s; "
+          f"a 1-token request took {t1:.2f} s)")  # fmt: skip
+    assert 2.5 < elapsed < bound_s
+    deadline = time.monotonic() + 60
     while engine_stats(DEFAULT).num_unfinished and time.monotonic() < deadline:
         time.sleep(0.1)
     assert engine_stats(DEFAULT).num_unfinished == 0
@@ -262,7 +305,7 @@ def test_rate_limit_holds_across_two_router_replicas(base_url):
         t0 = time.monotonic()
         stop = t0 + warmup_s + measure_s
         counts = {"ok": 0, "429": 0, "other": 0}
-        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=16)) as c:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=16)) as c:
             async def worker():
                 while (sent := time.monotonic()) < stop:
                     r = await c.post(url, headers=auth("metered"), json={
@@ -275,15 +318,20 @@ def test_rate_limit_holds_across_two_router_replicas(base_url):
         return counts
 
     counts = asyncio.run(hammer())
-    rate = counts["ok"] / measure_s
-    print(f"\n2 Router replicas, limit {SIM_RATE_PER_S:g}/s: admitted {rate:.1f}/s in steady "
-          f"state ({counts['ok']} ok, {counts['429']} x 429, {counts['other']} other)")  # fmt: skip
+    rate, offered = counts["ok"] / measure_s, sum(counts.values()) / measure_s
+    print(f"\n2 Router replicas, limit {SIM_RATE_PER_S:g}/s: offered {offered:.1f}/s, admitted "
+          f"{rate:.1f}/s in steady state ({counts['ok']} ok, {counts['429']} x 429, "
+          f"{counts['other']} other)")  # fmt: skip
     assert counts["other"] == 0
-    assert counts["429"] > counts["ok"], "the load did not exceed the limit"
+    # Each Router replica holds half the limit: offered near the limit, an uneven spread leaves
+    # one replica short and the app-wide rate low with nothing wrong.
+    assert offered > 2 * SIM_RATE_PER_S, (
+        f"the host was too slow to test the limit: {offered:.1f}/s offered against "
+        f"{SIM_RATE_PER_S:g}/s")  # fmt: skip
     assert abs(rate - SIM_RATE_PER_S) <= 0.1 * SIM_RATE_PER_S
 
 
 def test_sim_app_needs_a_key(base_url):
     r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions",
-                   json={"model": "sim-model", "prompt": "x"})  # fmt: skip
+                   json={"model": "sim-model", "prompt": "x"}, timeout=60)  # fmt: skip
     assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"

@@ -20,7 +20,14 @@ import pytest
 from ray import serve
 
 from serve_app.app import build_app
-from tests.integration.conftest import METRICS_PORT, TINY, engine_stats
+from serve_app.config import AppConfig
+from tests.integration.conftest import (
+    METRICS_PORT,
+    SLOW_HOST_DEADLINE_S,
+    TINY,
+    app_args,
+    engine_stats,
+)
 
 PREFIX = "/storm"
 APP = "storm"
@@ -29,7 +36,11 @@ NUM_SIM_STREAMS = 200
 NUM_TINY_STREAMS = 40
 MAX_NUM_SEQS = 16  # the simulated engine runs 16 at once and keeps a waiting line
 ROUTER_CAP = 48  # in flight per model, over both Router replicas: the rest wait in their queues
-DRAIN_S = 30
+DRAIN_S = 120
+# The storm app's deadlines: a leaked request or queue entry is reaped at the earlier of the two,
+# which must come after the drain is judged, or the drain would pass by the reaping.
+STORM_TIMEOUT_S = SLOW_HOST_DEADLINE_S
+STORM_QUEUE_WAIT_S = 180
 
 
 def storm_app() -> dict:
@@ -40,8 +51,17 @@ def storm_app() -> dict:
                     "simulation": {"step_s": 0.02},
                     "engine": {"max_num_seqs": MAX_NUM_SEQS},
                     "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25}}],
-        "admission": {"max_queue_len": 256, "max_queue_wait_s": 60},
+        "admission": {"max_queue_len": 256, "max_queue_wait_s": STORM_QUEUE_WAIT_S},
+        "tenants": [{"name": "anonymous", "default_timeout_s": STORM_TIMEOUT_S}],
     }  # fmt: skip
+
+
+def reaped_after_s(args: dict) -> float:
+    """When an app's own deadlines would end a leaked anonymous request (or queue entry)."""
+    config = AppConfig.model_validate(args)
+    anonymous = next(t for t in config.effective_tenants()
+                     if t.name == config.admission.anonymous_tenant)  # fmt: skip
+    return min(anonymous.default_timeout_s, config.admission.max_queue_wait_s)
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +73,13 @@ def storm_url(serve_app):
 
 def sim_stats():
     return serve.get_deployment_handle(f"llm-{MODEL}", app_name=APP).stats.remote().result(
-        timeout_s=30
+        timeout_s=120
     )
 
 
 def gauges(metric: str, application: str, model: str) -> dict[str, float]:
     """A Router gauge of one model, per Router replica, from Ray's metrics export."""
-    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=60).text
     values = {}
     for line in text.splitlines():
         if (line.startswith(metric + "{") and f'application="{application}"' in line
@@ -108,7 +128,7 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
 async def storm(url: str, model: str, num: int, max_tokens: int, seed: int) -> Counter:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=num + 10, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=400, limits=limits) as c:
         tasks = []
         for _ in range(num):
             tasks.append(asyncio.create_task(one(c, model, max_tokens, rng)))
@@ -116,12 +136,16 @@ async def storm(url: str, model: str, num: int, max_tokens: int, seed: int) -> C
         return Counter(await asyncio.gather(*tasks))
 
 
-def wait_for(check, timeout_s: float = DRAIN_S):
-    """Polls `check()` (a dict of figures) until all are zero; returns (seconds, figures)."""
+def all_zero(figures: dict) -> bool:
+    return not any(figures.values())
+
+
+def wait_for(check, timeout_s: float = DRAIN_S, done=all_zero):
+    """Polls `check()` (a dict of figures) until `done(figures)`; returns (seconds, figures)."""
     t0 = time.monotonic()
     while True:
         figures = check()
-        if not any(figures.values()) or time.monotonic() - t0 > timeout_s:
+        if done(figures) or time.monotonic() - t0 > timeout_s:
             return time.monotonic() - t0, figures
         time.sleep(0.5)
 
@@ -129,22 +153,28 @@ def wait_for(check, timeout_s: float = DRAIN_S):
 def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     # Warm: the Routers' handles know the replica, so the storm measures the steady path.
     for _ in range(4):
-        r = httpx.post(f"{storm_url}/v1/completions", timeout=60,
+        r = httpx.post(f"{storm_url}/v1/completions", timeout=120,
                        json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
         assert r.status_code == 200
     busy: dict[str, float] = {}  # the peak of each figure while the storm lasts
 
     def snapshot():
         s = sim_stats()
-        queues = serve.get_app_handle(APP).queue_stats.remote().result(timeout_s=30)[MODEL]
+        queues = serve.get_app_handle(APP).queue_stats.remote().result(timeout_s=120)[MODEL]
         for k, v in (("running", s.num_running), ("waiting", s.num_waiting),
                      ("kv", s.kv_cache_usage), ("router in_flight", queues["in_flight"]),
                      ("router queued", queues["queued"])):  # fmt: skip
             busy[k] = max(busy.get(k, 0), v)
 
+    def full() -> bool:
+        return (busy.get("running") == MAX_NUM_SEQS and busy.get("waiting", 0) > 0
+                and busy.get("router in_flight", 0) > 0)  # fmt: skip
+
     async def run():
         task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, 100, seed=9))
-        for _ in range(8):  # mid-storm: the engine full, with waiting lines
+        # Mid-storm: the engine full, with waiting lines. Sampled for as long as the storm lasts,
+        # since a slow host stretches it and moves its peak.
+        while not task.done() and not full():
             await asyncio.sleep(0.4)
             await asyncio.to_thread(snapshot)
         return await task
@@ -165,25 +195,28 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
                 **gauges("ray_llmserve_queue_depth", APP, MODEL)}
 
     engine_s, engine_after = wait_for(engine)
-    # The gauges are exported every 2 s and scraped every second: wait for a fresh export.
+    # The gauges are exported every 2 s and scraped every second: at least one fresh export
+    # first, as an older one may still read the zeros from before the storm.
     time.sleep(4)
-    router_s, router_after = wait_for(routers)
+    router_s, router_after = wait_for(routers, done=lambda f: len(f) == 4 and all_zero(f))
+    total_s = storm_s + engine_s + 4 + router_s
     print(f"\n{NUM_SIM_STREAMS} streams on the simulated model, ended by the client in "
           f"{storm_s:.1f} s: {dict(endings)}; mid-storm peaks {dict(busy)}; engine idle "
           f"{engine_s:.1f} s after the last client left: {engine_after}; Router gauges after "
           f"{router_s + 4:.1f} s: {router_after}")  # fmt: skip
-    assert busy["running"] == MAX_NUM_SEQS and busy["waiting"] > 0, "the engine was never full"
-    assert busy["router in_flight"] > 0
+    assert full(), f"the engine was never full: {busy}"
     assert not any(engine_after.values()), engine_after
     assert len(router_after) == 4, router_after  # in-flight and queue of each of 2 replicas
     assert not any(router_after.values()), router_after
+    reaped_s = reaped_after_s(storm_app())
+    assert total_s < reaped_s, f"drained in {total_s:.0f} s, no sooner than deadlines reap"
     # And the model still serves.
     r = httpx.post(f"{storm_url}/v1/completions", timeout=30,
                    json={"model": MODEL, "prompt": "Hi", "max_tokens": 5})  # fmt: skip
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
-def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url):
+def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url, model_dirs):
     t0 = time.monotonic()
     endings = asyncio.run(storm(base_url, TINY, NUM_TINY_STREAMS, 300, seed=7))
     storm_s = time.monotonic() - t0
@@ -195,20 +228,27 @@ def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url):
                 "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
 
     def router():
-        h = httpx.get(f"{base_url}/healthz", timeout=10).json()["models"][TINY]
+        h = httpx.get(f"{base_url}/healthz", timeout=60).json()["models"][TINY]
         return {"in_flight": h["in_flight"], "queued": h["queued"]}
+
+    def exported():
+        return {**gauges("ray_llmserve_in_flight", "llmserve", TINY),
+                **gauges("ray_llmserve_queue_depth", "llmserve", TINY)}
 
     engine_s, engine_after = wait_for(engine)
     router_s, router_after = wait_for(router)
-    time.sleep(4)
-    exported = {**gauges("ray_llmserve_in_flight", "llmserve", TINY),
-                **gauges("ray_llmserve_queue_depth", "llmserve", TINY)}
+    time.sleep(4)  # a fresh export first (see the test above)
+    exported_s, exported_after = wait_for(exported, done=lambda f: bool(f) and all_zero(f))
+    total_s = storm_s + engine_s + router_s + 4 + exported_s
     print(f"\n{NUM_TINY_STREAMS} streams on {TINY}, ended by the client in {storm_s:.1f} s: "
           f"{dict(endings)}; engine idle {engine_s:.1f} s later: {engine_after}; Router "
-          f"(/healthz) {router_after}; exported gauges {exported}")  # fmt: skip
+          f"(/healthz) {router_after}; exported gauges {exported_after} "
+          f"{exported_s + 4:.1f} s after that")  # fmt: skip
     assert not any(engine_after.values()), engine_after
     assert not any(router_after.values()), router_after
-    assert exported and not any(exported.values()), exported
-    r = httpx.post(f"{base_url}/v1/completions", timeout=30,
+    assert exported_after and not any(exported_after.values()), exported_after
+    reaped_s = reaped_after_s(app_args(model_dirs))
+    assert total_s < reaped_s, f"drained in {total_s:.0f} s, no sooner than deadlines reap"
+    r = httpx.post(f"{base_url}/v1/completions", timeout=120,
                    json={"model": TINY, "prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5

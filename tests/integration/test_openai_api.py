@@ -158,7 +158,7 @@ def test_server_keeps_serving_after_bad_input(http, client):
 
 def test_readyz_says_ready_once_every_model_has_a_running_replica(http):
     # The Router learns replica counts every 2 s; the app is up, so it must turn ready.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120
     while (r := http.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
         time.sleep(0.5)

@@ -29,7 +29,7 @@ def test_one_trace_spans_router_and_replica(http):
     assert r.headers["traceparent"].split("-")[1] == trace_id
     wanted = {"POST /v1/chat/completions", "authenticate", "admit", "rate_limit", "queue_wait",
               "dispatch", "llmserver.generate", "stream"}  # fmt: skip
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not wanted <= {s["name"] for s in _spans(trace_id)}:
         time.sleep(0.3)
     spans = {s["name"]: s for s in _spans(trace_id)}
@@ -49,7 +49,7 @@ def test_one_trace_spans_router_and_replica(http):
 def test_spans_reach_an_otlp_collector_with_router_to_replica_links(base_url, otlp):
     """The sim app exports over OTLP/HTTP; the test's in-memory receiver is the collector."""
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/chat/completions", timeout=30, headers={
+    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/chat/completions", timeout=120, headers={
         "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
         "Authorization": f"Bearer {KEYS['metered']}"},
         json={"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}],
@@ -58,7 +58,7 @@ def test_spans_reach_an_otlp_collector_with_router_to_replica_links(base_url, ot
     assert r.headers["traceparent"].split("-")[1] == trace_id
     wanted = {f"POST {SIM_PREFIX}/v1/chat/completions", "authenticate", "admit", "rate_limit",
               "queue_wait", "dispatch", "llmserver.generate", "stream"}  # fmt: skip
-    deadline = time.monotonic() + 30  # the batch exporter sends every 5 s
+    deadline = time.monotonic() + 120  # the batch exporter sends every 5 s
     while time.monotonic() < deadline and not wanted <= {s["name"] for s in otlp.trace(trace_id)}:
         time.sleep(0.5)
     spans = {s["name"]: s for s in otlp.trace(trace_id)}
@@ -85,7 +85,7 @@ def test_access_log_line_per_request(http):
     r = http.post("/v1/completions", headers={"x-request-id": "access-log-test-1"},
                   json={"model": DEFAULT, "prompt": "Hello", "max_tokens": 3})  # fmt: skip
     assert r.status_code == 200
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     line = None
     while time.monotonic() < deadline and line is None:
         for f in serve_log_dir().glob("replica_llmserve_Router_*.log"):
@@ -125,7 +125,7 @@ def _scrape_sum(metric: str, **labels: str) -> float:
 
     from tests.integration.conftest import METRICS_PORT
 
-    text = _httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    text = _httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=60).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(metric + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -145,7 +145,7 @@ def test_token_counters_equal_the_usage_the_api_returned(http):
         assert r.status_code == 200
         prompt += r.json()["usage"]["prompt_tokens"]
         completion += r.json()["usage"]["completion_tokens"]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     got = (0.0, 0.0)
     while time.monotonic() < deadline:
         got = (_scrape_sum("ray_llmserve_prompt_tokens_total", **tenant) - before[0],
