@@ -135,7 +135,8 @@ class LLMServer:
         s = self._client_stats()
         return dataclasses.replace(
             s, extra={**s.extra, "model": self._model.name, "replica_id": self._replica_id,
-                      "num_requests_total": self._num_requests_total}
+                      "num_requests_total": self._num_requests_total,
+                      "probing": self._num_probing}
         )  # fmt: skip
 
     async def check_health(self) -> None:
