@@ -56,15 +56,22 @@ def _build_tiny_llama(out: Path, tokenizer_dir: Path) -> None:
 # beside the session app's engines left the host thrashing (idle engines failed their health
 # probe, replacements took 30 min to start, and the CI ran out of time).
 SELF_CONTAINED = ("test_bench_smoke.py", "test_chaos.py")
+# Modules with engines of their own on the session's Ray, run before the shared apps start: the
+# idle shared apps (three engines, two apps' Routers) hold ~115% of one of the two cores, which
+# made these modules' engines start and serve about half as fast.
+OWN_ENGINES = ("test_memory_plan.py", "test_routing.py", "test_autoscaling.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Unit tests first (fast failures first), then SELF_CONTAINED, then the shared-app tests."""
+    """Unit tests first (fast failures first), then SELF_CONTAINED, then OWN_ENGINES, then the
+    shared-app tests."""
 
     def rank(item) -> int:
         if item.path.parent.name != "integration":
             return 0
-        return 1 if item.path.name in SELF_CONTAINED else 2
+        if item.path.name in SELF_CONTAINED:
+            return 1
+        return 2 if item.path.name in OWN_ENGINES else 3
 
     items.sort(key=rank)  # stable: pytest's order within each group
 
@@ -192,27 +199,35 @@ def otlp():
 
 
 @pytest.fixture(scope="session")
-def serve_app(model_dirs, otlp):
-    """Starts Ray and the app once; yields the base URL."""
+def serve_cluster():
+    """Starts Ray and Serve's proxy once; yields the base URL. Apps come from their modules."""
     import ray
     from ray import serve
 
-    from serve_app.app import build_app
-
-    TRACE_FILE.unlink(missing_ok=True)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=METRICS_PORT,
              _system_config={"metrics_report_interval_ms": 1000})  # fmt: skip
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    t0 = time.monotonic()
-    serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")
-    serve.run(build_app(sim_app_args(otlp.endpoint)), name="sim", route_prefix=SIM_PREFIX)
-    print(f"\napps ready in {time.monotonic() - t0:.1f} s")
     try:
         yield f"http://127.0.0.1:{PORT}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_app(serve_cluster, model_dirs, otlp):
+    """The shared apps (the models under /, the simulated one under /sim), deployed once."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    TRACE_FILE.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    serve.run(build_app(app_args(model_dirs)), name="llmserve", route_prefix="/")
+    serve.run(build_app(sim_app_args(otlp.endpoint)), name="sim", route_prefix=SIM_PREFIX)
+    print(f"\napps ready in {time.monotonic() - t0:.1f} s")
+    return serve_cluster
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from tests.integration.conftest import (
     engine_stats,
     serve_log_dir,
 )
+from tests.integration.helpers import send_at_once
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -57,21 +58,6 @@ def chat(model=DEFAULT, **kw):
     return {"model": model, "messages": PARIS, "max_tokens": 8, **kw}
 
 
-def burst(base_url: str, headers: dict, body: dict, n: int) -> tuple[list[httpx.Response], float]:
-    """n chat requests sent at once, and the seconds until the last answer. One after another,
-    each would wait for the previous one to be served, and on a slow host the bucket refills in
-    between: whether a 429 came would measure the host, not the limit."""
-
-    async def send():
-        async with httpx.AsyncClient(base_url=base_url, timeout=400) as c:
-            t0 = time.monotonic()
-            rs = await asyncio.gather(*(c.post("/v1/chat/completions", json=body,
-                                               headers=headers) for _ in range(n)))  # fmt: skip
-            return list(rs), time.monotonic() - t0
-
-    return asyncio.run(send())
-
-
 def test_keys_are_checked(http, base_url):
     r = http.post("/v1/chat/completions", json=chat(), headers=auth("interactive"))
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "interactive"
@@ -95,7 +81,7 @@ def test_keys_are_checked(http, base_url):
 def test_rate_limit_gives_429_with_retry_after_and_headers(base_url):
     # Burst 2 at 0.5/s: of 5 arriving together, at least one is refused unless their arrivals
     # spread over 6 s.
-    responses, span_s = burst(base_url, auth("limited"), chat(), 5)
+    responses, span_s = send_at_once(base_url, 5, "/v1/chat/completions", auth("limited"), chat())
     statuses = sorted(r.status_code for r in responses)
     for r in responses:
         assert r.headers["x-ratelimit-limit-requests"] == "2"

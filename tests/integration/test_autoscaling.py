@@ -46,9 +46,9 @@ def _running() -> int:
     return d.replica_states.get("RUNNING", 0)
 
 
-def test_load_scales_one_to_two_and_back_without_failures(serve_app, model_dirs):
+def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_dirs):
     serve.run(build_app(autoscale_app(model_dirs)), name="autoscale", route_prefix=PREFIX)
-    url = f"{serve_app}{PREFIX}"
+    url = f"{serve_cluster}{PREFIX}"
     timeline: list[tuple[float, int]] = []
     results: list[int] = []
 

@@ -1,52 +1,27 @@
-"""Hostile input against the live app: fuzzing from the served OpenAPI schema, and the usual abuses.
+"""Hostile bodies against the live app: the usual abuses, each aimed at one limit.
 
-Every answer must be one that DESIGN.md documents (200, or an OpenAI-shaped 400, 401, 404, 413,
-429, 503, 504), never a 500 and never a hang; afterwards the engines hold no request and /healthz
-says so. The fuzzing reads the app's own /openapi.json (the Router documents each route's body
-and errors there) and drives the real tiny model (engine validation paths) and the simulated one
-behind two Router replicas, with a bounded number of examples so that the file stays short.
+A prompt past the context window, bodies past the size limit (declared or sent in chunks), bodies
+that are not JSON objects (empty, invalid UTF-8, form data, 100000 levels of nesting, NaN),
+huge n, best_of and logprobs, stop strings that never match, and a wrong JSON type for every
+field of the served schema. Each gets its documented answer: a refusal (an OpenAI-shaped 400 or
+413, naming the field where there is one) about as fast as an empty body's, or a 200 for the
+largest values accepted; never a 500 and never a hang; afterwards the engines hold no request
+and /healthz says so. Sent on purpose, because fuzzing from the schema (test_api_fuzzing.py)
+seldom draws bodies of these sizes and shapes.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import math
 import statistics
 import time
 
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
-from schemathesis import GenerationMode
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
-from serve_app.config import TenantConfig
-from tests.integration.conftest import KEYS, MAX_BODY_BYTES, SIM_PREFIX, TINY, engine_stats
-
-DOCUMENTED = {200, 400, 401, 404, 413, 429, 503, 504}
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-SIM = "sim-model"
-SIM_KEY = {"Authorization": f"Bearer {KEYS['metered']}"}
-# A request that takes longer counts as a hang; a body's own longer `timeout` extends it.
-CLIENT_TIMEOUT_S = 120
-# Fuzzed bodies get a 10 s deadline (the API's own `timeout` field) unless they carry one, so that
-# a valid body asking for 1000 tokens x 8 choices ends in a documented 504 instead of minutes.
-# Not shorter: on a slow CI host a small valid body takes seconds, and a 504 there would starve
-# the 200s that the within-limits runs count.
-FUZZ_DEADLINE_S = 10
-MAX_TIMEOUT_S = TenantConfig.model_fields["max_timeout_s"].default  # neither app's tenants set one
-# Schemathesis' own checks: a status and a body the schema documents, and every body that breaks
-# the schema refused with a 4xx. (Its `not_a_server_error` would count the documented 503 and 504;
-# `DOCUMENTED` is the stricter list.)
-CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
-          negative_data_rejection]  # fmt: skip
+from tests.integration.conftest import MAX_BODY_BYTES, SIM_PREFIX, TINY
+from tests.integration.helpers import CHAT, COMPLETIONS, SIM, SIM_KEY, wait_idle
+from tests.integration.helpers import openapi_fixture  # noqa: F401  (pytest finds it here)
 
 
 def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
@@ -59,14 +34,6 @@ def assert_openai_error(r: httpx.Response, status: int, param: str | None = None
     return err
 
 
-def sim_stats():
-    from ray import serve
-
-    return serve.get_deployment_handle("llm-sim-model", app_name="sim").stats.remote().result(
-        timeout_s=120
-    )
-
-
 def refusal_baseline_s(http: httpx.Client) -> float:
     """Median time of an empty body's 400 on this host now: what "at once" can mean here."""
     times = []
@@ -75,160 +42,6 @@ def refusal_baseline_s(http: httpx.Client) -> float:
         assert_openai_error(http.post(COMPLETIONS, content=b""), 400)
         times.append(time.monotonic() - t0)
     return statistics.median(times)
-
-
-def wait_idle(http: httpx.Client, timeout_s: float = 120) -> dict:
-    """Engines of the tiny and the simulated model hold no request; the Router nothing in flight."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        tiny, sim = engine_stats(TINY), sim_stats()
-        health = http.get("/healthz")
-        models = health.json()["models"]
-        busy = {m: s for m, s in models.items() if s["in_flight"] or s["queued"]}
-        if not (tiny.num_unfinished or sim.num_unfinished or busy) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert health.status_code == 200
-    assert (tiny.num_unfinished, tiny.num_running, tiny.kv_cache_usage) == (0, 0, 0.0), tiny
-    assert (sim.num_unfinished, sim.num_running) == (0, 0), sim
-    assert not busy, models
-    return models
-
-
-# ----------------------------------------------------------------------------------- fuzzing
-
-
-@pytest.fixture(scope="module")
-def openapi(serve_app) -> dict:
-    r = httpx.get(f"{serve_app}/openapi.json", timeout=120)
-    assert r.status_code == 200
-    doc = r.json()
-    for path in (CHAT, COMPLETIONS):
-        op = doc["paths"][path]["post"]
-        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
-        assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
-    return doc
-
-
-def _int(lo: int, hi: int, nullable: bool = True) -> dict:
-    schema = {"type": "integer", "minimum": lo, "maximum": hi}
-    return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
-
-
-# Limits that this deployment adds to the schema (http.max_n, the context window, the stop-string
-# rules, token ids): positive bodies drawn within them reach the engine instead of a 400.
-DEPLOYMENT_LIMITS = {
-    "n": _int(1, 8, nullable=False),
-    "best_of": {"type": "null"},
-    "max_tokens": _int(1, 16, nullable=False),
-    "max_completion_tokens": _int(1, 16),
-    "min_tokens": _int(0, 1),
-    "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
-                       {"type": "array", "maxItems": 16,
-                        "items": {"type": "string", "minLength": 1, "maxLength": 256}},
-                       {"type": "null"}]},
-    "stop_token_ids": {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0,
-                                                             "maximum": 40000}}, {"type": "null"}]},
-    "logit_bias": {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,4}$"},
-                              "additionalProperties": {"type": "number", "minimum": -100,
-                                                       "maximum": 100}}, {"type": "null"}]},
-    "prompt": {"anyOf": [{"type": "string", "minLength": 1},
-                         {"type": "array", "minItems": 1, "maxItems": 64,
-                          "items": {"type": "integer", "minimum": 0, "maximum": 40000}}]},
-}  # fmt: skip
-
-
-def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesis.BaseSchema:
-    """The served schema with `model` narrowed to one deployed model (a random string only ever
-    finds the 404, and the engine paths are where the input reaches vLLM), and optionally to this
-    deployment's limits, with `max_tokens` required and small so that a body runs in a blink."""
-    doc = copy.deepcopy(doc)
-    for path in (CHAT, COMPLETIONS):
-        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        body["properties"]["model"] = {"type": "string", "enum": [model]}
-        if within_limits:
-            for name, schema in DEPLOYMENT_LIMITS.items():
-                if name in body["properties"]:
-                    body["properties"][name] = schema
-            body["required"] = [*body["required"], "max_tokens"]
-    return schemathesis.openapi.from_dict(doc)
-
-
-def client_timeout_s(body) -> float:
-    """The Router ends a request at its deadline; a body may ask for up to MAX_TIMEOUT_S."""
-    asked = body.get("timeout") if isinstance(body, dict) else None
-    if isinstance(asked, bool) or not isinstance(asked, (int, float)):
-        return CLIENT_TIMEOUT_S
-    if isinstance(asked, float) and not math.isfinite(asked):  # an int may not fit in a float
-        return CLIENT_TIMEOUT_S
-    return max(CLIENT_TIMEOUT_S, min(asked, MAX_TIMEOUT_S) + 60)
-
-
-def fuzz(schema, path: str, url: str, mode: GenerationMode, num_examples: int,
-         headers: dict[str, str] | None = None, pause_s: float = 0.0) -> dict[int, int]:  # fmt: skip
-    statuses: dict[int, int] = {}
-    strategy = schema[path]["POST"].as_strategy(generation_mode=mode)
-
-    @settings(max_examples=num_examples, deadline=None, database=None, print_blob=True,
-              phases=[Phase.explicit, Phase.generate, Phase.shrink],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(case=strategy)
-    def one(case):
-        if isinstance(case.body, dict) and "timeout" not in case.body:
-            case.body["timeout"] = FUZZ_DEADLINE_S
-        limit_s = client_timeout_s(case.body)
-        t0 = time.monotonic()
-        r = case.call(base_url=url, headers=headers, timeout=limit_s)
-        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-        assert r.status_code in DOCUMENTED, (r.status_code, r.text[:300], case.body)
-        case.validate_response(r, checks=CHECKS)
-        if r.status_code != 200:
-            err = r.json()["error"]
-            assert isinstance(err["message"], str) and err["message"], r.text
-        elif r.headers["content-type"][0].startswith("text/event-stream"):
-            # Schemathesis stops reading a stream after 20 events (a disconnect mid-stream).
-            events = [e for e in r.text.split("\n\n") if e.strip()]
-            assert getattr(r, "stream_cut_short", False) or events[-1] == "data: [DONE]", r.text
-            for e in events[:-1]:
-                assert e.startswith("data: {") and json.loads(e[len("data: "):]), e
-        else:
-            assert r.json()["choices"], r.text
-        assert r.headers.get("x-request-id") and r.headers.get("traceparent")
-        assert time.monotonic() - t0 < limit_s
-        time.sleep(pause_s)
-
-    one()
-    return statuses
-
-
-@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
-def test_fuzzed_bodies_get_documented_answers(openapi, base_url, http, path):
-    t0 = time.monotonic()
-    sim_url = f"{base_url}{SIM_PREFIX}"
-    runs = {
-        # The real engine (tiny random model). Bodies that break the schema must be refused with
-        # a 4xx; bodies the schema allows get a documented answer, within this deployment's
-        # limits mostly a 200 (vLLM's own checks on sampling parameters answer 400).
-        "tiny negative": fuzz(for_model(openapi, TINY), path, base_url,
-                              GenerationMode.NEGATIVE, 40),
-        "tiny positive": fuzz(for_model(openapi, TINY), path, base_url,
-                              GenerationMode.POSITIVE, 12),
-        "tiny within limits": fuzz(for_model(openapi, TINY, within_limits=True), path, base_url,
-                                   GenerationMode.POSITIVE, 30),
-        # Two Router replicas and a key-only tenant (20 requests/s): paced under its rate.
-        "sim negative": fuzz(for_model(openapi, SIM), path, sim_url, GenerationMode.NEGATIVE, 20,
-                             SIM_KEY, pause_s=0.05),
-        "sim within limits": fuzz(for_model(openapi, SIM, within_limits=True), path, sim_url,
-                                  GenerationMode.POSITIVE, 20, SIM_KEY, pause_s=0.05),
-    }  # fmt: skip
-    models = wait_idle(http)
-    print(f"\n{path}: {time.monotonic() - t0:.1f} s; statuses by run: {runs}; afterwards {models}")
-    # The bodies within limits reached the engines and were served.
-    assert runs["tiny within limits"].get(200, 0) >= 10, runs
-    assert runs["sim within limits"].get(200, 0) >= 10, runs
-
-
-# ------------------------------------------------------------------------------ explicit abuse
 
 
 def test_prompt_past_the_context_window_is_a_400(http, base_url):

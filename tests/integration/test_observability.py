@@ -9,7 +9,6 @@ machine without a GPU (absent, not zero).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import pytest
 
 from serve_app import cli
 from tests.integration.conftest import CAPACITY, DEFAULT, INT8, KEYS, METRICS_PORT, TINY
+from tests.integration.helpers import send_at_once
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
 
 PROM_PORT = int(os.environ.get("LLMSERVE_TEST_PROMETHEUS_PORT", "19090"))
@@ -102,12 +102,6 @@ def finite(result: list[dict]) -> list[float]:
     return [v for v in (float(s["value"][1]) for s in result) if math.isfinite(v)]
 
 
-async def _together(base_url, n: int, headers: dict, body: dict) -> list[httpx.Response]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=400) as c:
-        return list(await asyncio.gather(*(c.post("/v1/completions", headers=headers, json=body)
-                                           for _ in range(n))))  # fmt: skip
-
-
 def send_traffic(http: httpx.Client) -> dict[str, int]:
     """One round of every kind of request the dashboard shows; returns status counts."""
     statuses: dict[str, int] = {}
@@ -136,11 +130,11 @@ def send_traffic(http: httpx.Client) -> dict[str, int]:
     r = http.post("/v1/chat/completions", json={
         "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     note(r.status_code)
-    # 0.5 requests/s with a burst of 2: of 4 at once, some are 429s. One after another, a slow
-    # host would let the bucket refill between them.
+    # 0.5 requests/s with a burst of 2: of 4 at once, some are 429s.
     limited = {"Authorization": f"Bearer {KEYS['limited']}"}
-    for r in asyncio.run(_together(http.base_url, 4, limited,
-                                   {"model": TINY, "prompt": "Hi", "max_tokens": 2})):  # fmt: skip
+    responses, _ = send_at_once(http.base_url, 4, "/v1/completions", limited,
+                                {"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+    for r in responses:
         note(r.status_code)
     return statuses
 

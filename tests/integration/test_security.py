@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     TRACE_FILE,
     engine_stats,
 )
+from tests.integration.helpers import send_at_once
 
 SIM = "sim-model"
 SIM_BODY = {"model": SIM, "prompt": "Hello", "max_tokens": 4}
@@ -97,15 +98,6 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
     assert after == before, "an engine saw a request that carried a bad key"
 
 
-async def _post_together(base_url: str, calls: list[tuple[dict, dict]]) -> list[httpx.Response]:
-    """Completions sent at once, as (headers, body) pairs. One after another, each would wait for
-    the previous one to be served, and on a slow host the `limited` bucket (0.5/s) refills in
-    between: whether a 429 came would measure the host, not the limit."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=400) as c:
-        return list(await asyncio.gather(*(c.post("/v1/completions", headers=h, json=b)
-                                           for h, b in calls)))  # fmt: skip
-
-
 def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     served_before = engine_stats(DEFAULT).extra["num_requests_total"]
     tiny_only = auth("tiny-only")
@@ -130,8 +122,9 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     # Limits: `limited` (0.5 requests/s, burst 2, max_tokens capped at 16) spends its own burst;
     # another tenant's key, at the same moment, is unaffected, and its requests are not capped.
     body = {"model": TINY, "prompt": "Hi", "max_tokens": 40, "ignore_eos": True}
-    *limited, other = asyncio.run(_post_together(
-        base_url, [(auth("limited"), body)] * 5 + [(auth("interactive"), body)]))  # fmt: skip
+    (*limited, other), _ = send_at_once(
+        base_url, 6, "/v1/completions", [auth("limited")] * 5 + [auth("interactive")], body
+    )
     statuses = sorted(r.status_code for r in limited)
     print(f"\n5 requests at once from `limited`: {statuses}")
     # Burst 2, then one every 2 s: all 5 admitted only if their arrivals spread over 6 s.
@@ -145,7 +138,7 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     assert other.json()["usage"]["completion_tokens"] == 40
     # And `limited` is still held to its limit. However long the other tenant's request took,
     # the bucket holds at most its burst of 2 by now: of 5 more at once, some are refused.
-    again = asyncio.run(_post_together(base_url, [(auth("limited"), body)] * 5))
+    again, _ = send_at_once(base_url, 5, "/v1/completions", auth("limited"), body)
     print(f"5 more: {sorted(r.status_code for r in again)}")
     refused = [r for r in again if r.status_code == 429]
     assert refused and all(r.headers["x-llmserve-tenant"] == "limited" for r in refused)

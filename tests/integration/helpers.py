@@ -1,0 +1,82 @@
+"""Helpers shared by the integration test modules, so that no test module imports another.
+
+Plain functions and constants, imported by name; conftest.py keeps the session's fixtures. The
+one fixture here, `openapi` (the served schema), is shared by two modules that import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import KEYS, TINY, engine_stats
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+SIM = "sim-model"
+SIM_KEY = {"Authorization": f"Bearer {KEYS['metered']}"}
+
+
+def send_at_once(
+    base_url: str | httpx.URL,
+    n: int,
+    path: str,
+    headers: dict[str, str] | list[dict[str, str]],
+    body: dict,
+    timeout_s: float = 400,
+) -> tuple[list[httpx.Response], float]:
+    """n POSTs of `body` to `path` sent at once (`headers` for all, or a list of one per request),
+    and the seconds until the last answer. One after another, each would wait for the previous
+    one to be served, and on a slow host the token bucket refills in between: whether a 429 came
+    would measure the host, not the limit."""
+    each = headers if isinstance(headers, list) else [headers] * n
+    assert len(each) == n, (n, len(each))
+
+    async def send():
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as c:
+            t0 = time.monotonic()
+            rs = await asyncio.gather(*(c.post(path, json=body, headers=h) for h in each))
+            return list(rs), time.monotonic() - t0
+
+    return asyncio.run(send())
+
+
+def sim_stats():
+    from ray import serve
+
+    return serve.get_deployment_handle("llm-sim-model", app_name="sim").stats.remote().result(
+        timeout_s=120
+    )
+
+
+def wait_idle(http: httpx.Client, timeout_s: float = 120) -> dict:
+    """Engines of the tiny and the simulated model hold no request; the Router nothing in flight."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tiny, sim = engine_stats(TINY), sim_stats()
+        health = http.get("/healthz")
+        models = health.json()["models"]
+        busy = {m: s for m, s in models.items() if s["in_flight"] or s["queued"]}
+        if not (tiny.num_unfinished or sim.num_unfinished or busy) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert health.status_code == 200
+    assert (tiny.num_unfinished, tiny.num_running, tiny.kv_cache_usage) == (0, 0, 0.0), tiny
+    assert (sim.num_unfinished, sim.num_running) == (0, 0), sim
+    assert not busy, models
+    return models
+
+
+# Named apart from its fixture name, so that the tests' `openapi` parameter shadows no import.
+@pytest.fixture(scope="module", name="openapi")
+def openapi_fixture(serve_app) -> dict:
+    r = httpx.get(f"{serve_app}/openapi.json", timeout=120)
+    assert r.status_code == 200
+    doc = r.json()
+    for path in (CHAT, COMPLETIONS):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
+        assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
+    return doc
