@@ -230,6 +230,19 @@ def serve_app(serve_cluster, model_dirs, otlp):
     return serve_cluster
 
 
+@pytest.fixture(scope="module")
+def openapi(serve_app) -> dict:
+    """The app's served schema, with the routes and errors the fuzzing and hostile-input tests use."""
+    r = httpx.get(f"{serve_app}/openapi.json", timeout=120)
+    assert r.status_code == 200
+    doc = r.json()
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
+        assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
+    return doc
+
+
 @pytest.fixture
 def base_url(serve_app) -> str:
     return serve_app

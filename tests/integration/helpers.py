@@ -1,7 +1,6 @@
 """Helpers shared by the integration test modules, so that no test module imports another.
 
-Plain functions and constants, imported by name; conftest.py keeps the session's fixtures. The
-one fixture here, `openapi` (the served schema), is shared by two modules that import it.
+Plain functions and constants, imported by name; conftest.py keeps the fixtures.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ import asyncio
 import time
 
 import httpx
-import pytest
 
 from tests.integration.conftest import KEYS, TINY, engine_stats
 
@@ -67,16 +65,3 @@ def wait_idle(http: httpx.Client, timeout_s: float = 120) -> dict:
     assert (sim.num_unfinished, sim.num_running) == (0, 0), sim
     assert not busy, models
     return models
-
-
-# Named apart from its fixture name, so that the tests' `openapi` parameter shadows no import.
-@pytest.fixture(scope="module", name="openapi")
-def openapi_fixture(serve_app) -> dict:
-    r = httpx.get(f"{serve_app}/openapi.json", timeout=120)
-    assert r.status_code == 200
-    doc = r.json()
-    for path in (CHAT, COMPLETIONS):
-        op = doc["paths"][path]["post"]
-        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
-        assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
-    return doc

@@ -29,7 +29,6 @@ from schemathesis.specs.openapi.checks import (
 from serve_app.config import TenantConfig
 from tests.integration.conftest import SIM_PREFIX, TINY
 from tests.integration.helpers import CHAT, COMPLETIONS, SIM, SIM_KEY, wait_idle
-from tests.integration.helpers import openapi_fixture  # noqa: F401  (pytest finds it here)
 
 DOCUMENTED = {200, 400, 401, 404, 413, 429, 503, 504}
 # A request that takes longer counts as a hang; a body's own longer `timeout` extends it.

@@ -21,7 +21,6 @@ import pytest
 
 from tests.integration.conftest import MAX_BODY_BYTES, SIM_PREFIX, TINY
 from tests.integration.helpers import CHAT, COMPLETIONS, SIM, SIM_KEY, wait_idle
-from tests.integration.helpers import openapi_fixture  # noqa: F401  (pytest finds it here)
 
 
 def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:
