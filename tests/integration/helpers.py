@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from tests.integration.conftest import KEYS, TINY, engine_stats
+from tests.integration.conftest import CALL_TIMEOUT_S, CLIENT_TIMEOUT_S, KEYS, TINY, engine_stats
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 SIM = "sim-model"
@@ -23,7 +23,7 @@ def send_at_once(
     path: str,
     headers: dict[str, str] | list[dict[str, str]],
     body: dict,
-    timeout_s: float = 400,
+    timeout_s: float = CLIENT_TIMEOUT_S,
 ) -> tuple[list[httpx.Response], float]:
     """n POSTs of `body` to `path` sent at once (`headers` for all, or a list of one per request),
     and the seconds until the last answer. One after another, each would wait for the previous
@@ -45,11 +45,11 @@ def sim_stats():
     from ray import serve
 
     return serve.get_deployment_handle("llm-sim-model", app_name="sim").stats.remote().result(
-        timeout_s=120
+        timeout_s=CALL_TIMEOUT_S
     )
 
 
-def wait_idle(http: httpx.Client, timeout_s: float = 120) -> dict:
+def wait_idle(http: httpx.Client, timeout_s: float = CALL_TIMEOUT_S) -> dict:
     """Engines of the tiny and the simulated model hold no request; the Router nothing in flight."""
     deadline = time.monotonic() + timeout_s
     while True:

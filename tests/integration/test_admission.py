@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from tests.integration.conftest import (
+    CALL_TIMEOUT_S,
     CAPACITY,
+    CLIENT_TIMEOUT_S,
     DEFAULT,
     KEYS,
     MAX_QUEUE_LEN,
@@ -126,7 +128,8 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
 
     async def flood():
         limits = httpx.Limits(max_connections=num_requests)
-        async with httpx.AsyncClient(base_url=base_url, timeout=400, limits=limits) as c:
+        async with httpx.AsyncClient(base_url=base_url, timeout=CLIENT_TIMEOUT_S,
+                                     limits=limits) as c:  # fmt: skip
             return await asyncio.gather(*(
                 _flood_one(c, tenants[i % len(tenants)], i, spread_s * i / num_requests)
                 for i in range(num_requests)))  # fmt: skip
@@ -255,7 +258,7 @@ def test_deadline_stops_a_long_stream_and_frees_the_engine(http, base_url):
     assert r.status_code == 200, r.text
     t0 = time.monotonic()
     lines = []
-    with httpx.Client(base_url=base_url, timeout=120) as c:
+    with httpx.Client(base_url=base_url, timeout=CALL_TIMEOUT_S) as c:
         with c.stream("POST", "/v1/completions", json={
             "model": DEFAULT, "prompt": "Count:", "max_tokens": 1500, "ignore_eos": True,
             "stream": True, "timeout": 3,
@@ -298,7 +301,8 @@ def test_rate_limit_holds_across_two_router_replicas(base_url):
         t0 = time.monotonic()
         stop = t0 + warmup_s + measure_s
         counts = {"ok": 0, "429": 0, "other": 0}
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=16)) as c:
+        limits = httpx.Limits(max_connections=16)
+        async with httpx.AsyncClient(timeout=CALL_TIMEOUT_S, limits=limits) as c:
             async def worker():
                 while (sent := time.monotonic()) < stop:
                     r = await c.post(url, headers=auth("metered"), json={

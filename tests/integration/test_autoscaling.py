@@ -11,14 +11,13 @@ import pytest
 from ray import serve
 
 from serve_app.app import build_app
-from tests.integration.conftest import TINY
+from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, TINY
 
 PREFIX = "/autoscale"
 NAME = "tiny-auto"
-# An engine starts in ~30 s on a quiet host and took 320 s on a slow hour's CI: the load runs
-# until the second replica has served a while, up to this ceiling, and the test gets its time.
-SCALE_UP_WITHIN_S = 900
-pytestmark = pytest.mark.timeout(2 * SCALE_UP_WITHIN_S + 600)
+# The load runs until the second replica has served a while, up to ENGINE_READY_S, and the
+# test gets its time.
+pytestmark = pytest.mark.timeout(2 * ENGINE_READY_S + 600)
 
 
 def autoscale_app(model_dirs) -> dict:
@@ -68,7 +67,7 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
             i = 0
             while not state["stop"]:
                 up, now = state["scaled_up_at"], time.monotonic()
-                if (up and now > up + 15) or now - t0 > SCALE_UP_WITHIN_S:
+                if (up and now > up + 15) or now - t0 > ENGINE_READY_S:
                     return
                 r = await c.post("/v1/completions", json={
                     "model": NAME, "prompt": f"Load {k}-{i}", "max_tokens": 64,
@@ -77,7 +76,7 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
                 i += 1
 
         watcher = asyncio.create_task(watch())
-        async with httpx.AsyncClient(base_url=url, timeout=400) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as c:
             await asyncio.gather(*(client(c, k) for k in range(12)))
             load_end = time.monotonic() - t0
             # Idle now: wait for the way back down, probing lightly to see nothing fails.

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.integration.conftest import DEFAULT, engine_stats
+from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, engine_stats
 
 NUM_TOKENS = 64
 
@@ -51,7 +51,7 @@ def test_disconnect_mid_stream_aborts_engine_request(base_url, http):
     arrivals: list[float] = []
     # A few chunks only: on a quiet host the engine outruns this client, later chunks carry
     # several tokens each, and after 100 of them the engine had once finished all 1500 tokens.
-    with httpx.Client(base_url=base_url, timeout=120) as c:
+    with httpx.Client(base_url=base_url, timeout=CALL_TIMEOUT_S) as c:
         with c.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
             # Held in a name: a `for` over a temporary iter_lines() closes it on `break`, and

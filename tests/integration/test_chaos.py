@@ -3,9 +3,10 @@
 Each scenario runs as `python -m chaos --scenario NAME --short --json OUT` in a subprocess with a
 Ray cluster of its own (this process may hold the integration session's Ray); the tests assert on
 the figures it writes. The scenarios start when the first test here runs, in CHAOS_LANES parallel
-lanes (default 2), then node loss alone; each test waits for its own. The promises checked: a fault fails only the requests in flight on the part that died,
-each failure is answered (a clean OpenAI error or an SSE error event, except where noted) and none
-hangs past its deadline; capacity comes back; a config change fails nothing; memory does not creep.
+lanes (default 2), then node loss alone; each test waits for its own. The promises checked: a
+fault fails only the requests in flight on the part that died, each failure is answered (a clean
+OpenAI error or an SSE error event, except where noted) and none hangs past its deadline;
+capacity comes back; a config change fails nothing; memory does not creep.
 """
 
 from __future__ import annotations

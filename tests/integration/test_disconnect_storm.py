@@ -22,6 +22,8 @@ from ray import serve
 from serve_app.app import build_app
 from serve_app.config import AppConfig
 from tests.integration.conftest import (
+    CALL_TIMEOUT_S,
+    CLIENT_TIMEOUT_S,
     METRICS_PORT,
     SLOW_HOST_DEADLINE_S,
     TINY,
@@ -73,7 +75,7 @@ def storm_url(serve_app):
 
 def sim_stats():
     return serve.get_deployment_handle(f"llm-{MODEL}", app_name=APP).stats.remote().result(
-        timeout_s=120
+        timeout_s=CALL_TIMEOUT_S
     )
 
 
@@ -128,7 +130,7 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
 async def storm(url: str, model: str, num: int, max_tokens: int, seed: int) -> Counter:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=num + 10, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=url, timeout=400, limits=limits) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S, limits=limits) as c:
         tasks = []
         for _ in range(num):
             tasks.append(asyncio.create_task(one(c, model, max_tokens, rng)))
@@ -153,14 +155,15 @@ def wait_for(check, timeout_s: float = DRAIN_S, done=all_zero):
 def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     # Warm: the Routers' handles know the replica, so the storm measures the steady path.
     for _ in range(4):
-        r = httpx.post(f"{storm_url}/v1/completions", timeout=120,
+        r = httpx.post(f"{storm_url}/v1/completions", timeout=CALL_TIMEOUT_S,
                        json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
         assert r.status_code == 200
     busy: dict[str, float] = {}  # the peak of each figure while the storm lasts
 
     def snapshot():
         s = sim_stats()
-        queues = serve.get_app_handle(APP).queue_stats.remote().result(timeout_s=120)[MODEL]
+        queues = serve.get_app_handle(APP).queue_stats.remote().result(
+            timeout_s=CALL_TIMEOUT_S)[MODEL]  # fmt: skip
         for k, v in (("running", s.num_running), ("waiting", s.num_waiting),
                      ("kv", s.kv_cache_usage), ("router in_flight", queues["in_flight"]),
                      ("router queued", queues["queued"])):  # fmt: skip
@@ -249,6 +252,6 @@ def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url, model_di
     assert exported_after and not any(exported_after.values()), exported_after
     reaped_s = reaped_after_s(app_args(model_dirs))
     assert total_s < reaped_s, f"drained in {total_s:.0f} s, no sooner than deadlines reap"
-    r = httpx.post(f"{base_url}/v1/completions", timeout=120,
+    r = httpx.post(f"{base_url}/v1/completions", timeout=CALL_TIMEOUT_S,
                    json={"model": TINY, "prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5

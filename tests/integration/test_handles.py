@@ -7,7 +7,7 @@ from ray import serve
 
 from serve_app.generation import GenerationChunk, GenerationError, GenerationRequest
 from serve_app.openai_protocol import OpenAIError
-from tests.integration.conftest import DEFAULT, llm_handle
+from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, llm_handle
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -31,7 +31,8 @@ def test_router_handle_chat_and_stream(serve_app):
 def test_router_handle_raises_openai_errors(serve_app):
     router = serve.get_app_handle("llmserve")
     with pytest.raises(OpenAIError) as info:
-        router.chat_completions.remote({"model": "nope", "messages": PARIS}).result(timeout_s=120)
+        router.chat_completions.remote({"model": "nope", "messages": PARIS}).result(
+            timeout_s=CALL_TIMEOUT_S)  # fmt: skip
     assert info.value.status == 404
 
 

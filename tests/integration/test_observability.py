@@ -21,7 +21,15 @@ import httpx
 import pytest
 
 from serve_app import cli
-from tests.integration.conftest import CAPACITY, DEFAULT, INT8, KEYS, METRICS_PORT, TINY
+from tests.integration.conftest import (
+    CAPACITY,
+    CLIENT_TIMEOUT_S,
+    DEFAULT,
+    INT8,
+    KEYS,
+    METRICS_PORT,
+    TINY,
+)
 from tests.integration.helpers import send_at_once
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
 
@@ -141,7 +149,7 @@ def send_traffic(http: httpx.Client) -> dict[str, int]:
 
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, prometheus, tmp_path):
     statuses: dict[str, int] = {}
-    with httpx.Client(base_url=serve_app, timeout=400) as http:
+    with httpx.Client(base_url=serve_app, timeout=CLIENT_TIMEOUT_S) as http:
         for round_ in range(3):  # spread out, so rate() over [1m] sees counters increase
             for k, v in send_traffic(http).items():
                 statuses[k] = statuses.get(k, 0) + v
@@ -218,7 +226,7 @@ def render_the_dashboard(prometheus: str, tmp_path: Path) -> None:
 
 
 def test_status_once_shows_each_model(serve_app, capsys):
-    with httpx.Client(base_url=serve_app, timeout=400) as http:
+    with httpx.Client(base_url=serve_app, timeout=CLIENT_TIMEOUT_S) as http:
         r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Hi", "max_tokens": 8})
         assert r.status_code == 200
     argv = ["status", "--url", serve_app, "--interval", "1", "--once", "--timeout-s", "60",

@@ -12,7 +12,7 @@ import json
 
 from openai import OpenAI
 
-from tests.integration.conftest import DEFAULT, INT8
+from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, INT8
 
 
 def test_int8_variant_is_listed_beside_the_bf16_model(base_url):
@@ -22,7 +22,8 @@ def test_int8_variant_is_listed_beside_the_bf16_model(base_url):
 
 def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
     # No retries: they would hide a failure and triple the time it takes to show.
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=400, max_retries=0)
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S,
+                    max_retries=0)
     reply = client.chat.completions.create(
         model=INT8,
         # The README's example. Without a system prompt the first token of this tiny model's

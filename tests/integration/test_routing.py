@@ -17,16 +17,13 @@ import pytest
 from ray import serve
 
 from serve_app.app import build_app
-from tests.integration.conftest import TINY
+from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, TINY
 
 # Each test may wait for engines to start (two, in the first): longer than the default limit.
-pytestmark = pytest.mark.timeout(4 * 900)
+pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
 
 PREFIX = "/routing"
 NAME = "tiny-pair"
-READY_S = 900  # ceilings of waits for an engine to start: only a slow host ever reaches them
-# A client's bound on one request: ~2 s on a quiet host, 55 s seen on a slow hour's CI.
-REQUEST_TIMEOUT_S = 120
 POLICIES = ("round_robin", "llm_aware")
 
 
@@ -65,14 +62,14 @@ def sim_pair_app() -> dict:
 def _wait_running(app: str, deployments: list[str]) -> None:
     """A deploy's replicas start one engine each: ~30 s here, 320 s seen on a slow hour's CI;
     measuring while one still starts would measure the start, not the routing."""
-    deadline, states = time.monotonic() + READY_S, {}
+    deadline, states = time.monotonic() + ENGINE_READY_S, {}
     while time.monotonic() < deadline:
         ds = serve.status().applications[app].deployments
         states = {name: (ds[name].status, ds[name].replica_states) for name in deployments}
         if all(v == ("HEALTHY", {"RUNNING": 2}) for v in states.values()):
             return
         time.sleep(1)
-    raise AssertionError(f"{app}: replicas not all running within {READY_S} s: {states}")
+    raise AssertionError(f"{app}: replicas not all running within {ENGINE_READY_S} s: {states}")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +81,7 @@ def url(serve_cluster, model_dirs):
 
 
 async def _request(c: httpx.AsyncClient, max_tokens: int, i: int,
-                   timeout_s: float = REQUEST_TIMEOUT_S, model: str = NAME):
+                   timeout_s: float = CALL_TIMEOUT_S, model: str = NAME):
     t0 = time.monotonic()
     try:
         r = await c.post("/v1/completions", timeout=timeout_s, json={
@@ -167,7 +164,7 @@ def test_non_streaming_disconnect_aborts_engine_request(url):
     busy: dict[str, int] = defaultdict(int)
     while time.monotonic() < deadline:
         for _ in range(6):
-            s = handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S)
+            s = handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S)
             busy[s.extra["replica_id"]] = s.num_unfinished
         if len(busy) == 2 and not any(busy.values()):
             break
@@ -180,21 +177,21 @@ def test_hung_engine_is_detected_and_replaced(url):
     """SIGSTOP one replica's engine: the one-token probe times out, the health check fails, and
     Serve replaces the replica; meanwhile and afterwards requests are served."""
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
-    stats = handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S)
+    stats = handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S)
     victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
     os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
         replaced_s = None
-        while time.monotonic() - t0 < READY_S:
-            seen = {handle.stats.remote().result(timeout_s=REQUEST_TIMEOUT_S).extra["replica_id"]
+        while time.monotonic() - t0 < ENGINE_READY_S:
+            seen = {handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S).extra["replica_id"]
                     for _ in range(6)}  # fmt: skip
             d = serve.status().applications["routing"].deployments[f"llm-{NAME}"]
             if victim not in seen and d.replica_states == {"RUNNING": 2} and len(seen) == 2:
                 replaced_s = time.monotonic() - t0
                 break
             time.sleep(2)
-        statuses = [httpx.post(f"{url}/v1/completions", timeout=REQUEST_TIMEOUT_S, json={
+        statuses = [httpx.post(f"{url}/v1/completions", timeout=CALL_TIMEOUT_S, json={
             "model": NAME, "prompt": f"after {i}", "max_tokens": 8}).status_code
             for i in range(6)]  # fmt: skip
         print(f"\nhung engine's replica replaced after {replaced_s} s; then {statuses}")
