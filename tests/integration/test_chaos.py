@@ -34,7 +34,7 @@ LANES = {
     1: [["replica-death-engine", "soak", "replica-death-actors", "drain"]],
 }
 # After every lane is done, one after another. Node loss beside the engine-death lane failed
-# in 2 of 3 CI runs (the survivor's streams stalled for 30 s and more; README "Resilience") and
+# in two CI runs (the survivor's streams stalled for 30 s and more; README "Resilience"); it
 # passed in 6 of 6 runs without it.
 ALONE = ["node-loss"]
 # All five run in `make test`, before any engine of the session's own (conftest orders them):
