@@ -2,12 +2,11 @@
 
 Each scenario runs as `python -m chaos --scenario NAME --short --json OUT` in a subprocess with a
 Ray cluster of its own (this process may hold the integration session's Ray); the tests assert on
-the figures it writes. The scenarios start when the first test here runs, in CHAOS_LANES parallel
-lanes (default 2: the vLLM ones in one), then the simulated ones one by one; each test waits
-for its own. The promises checked: a fault fails only the requests in flight on the part that
-died, each failure is answered (a clean OpenAI error or an SSE error event, except where noted)
-and none hangs past its deadline; capacity comes back; a config change fails nothing; memory
-does not creep.
+the figures it writes. The scenarios start when the first test here runs, one after another in a
+background thread, in ORDER; each test waits for its own. The promises checked: a fault fails
+only the requests in flight on the part that died, each failure is answered (a clean OpenAI error
+or an SSE error event, except where noted) and none hangs past its deadline; capacity comes back;
+a config change fails nothing; memory does not creep.
 """
 
 from __future__ import annotations
@@ -26,48 +25,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LANES = {
-    3: [["replica-death-engine"], ["soak"]],
-    # The default: the two vLLM scenarios one after the other. Three lanes took the 2-core host
-    # to load average 60-95, where engines started too late to recover in time.
-    2: [["replica-death-engine", "soak"]],
-    1: [["replica-death-engine", "soak"]],
-}
-# After the lanes, one after another: the simulated scenarios beside a starting vLLM engine saw
-# their cluster's control plane stall (node loss twice, drain once in CI runs: the survivor's
-# streams, a 25 s Serve control loop, requests waiting in the proxy; README "Resilience").
-ALONE = ["replica-death-actors", "drain", "node-loss"]
-# All five run in `make test`, before any engine of the session's own (conftest orders them):
-# about 8 minutes in two lanes on a quiet hour. They were out of CI for a while, when a slow
-# hour's CI (engines taking 5 minutes to start) ran past its time; the routing test's rolling
-# redeploy and its duplicate of the engine kill went instead, and the modules with engines of
-# their own now run before the shared apps start.
+# One at a time, the vLLM ones first. Side by side they took the 2-core host to load average
+# 60-95 (three lanes: engines started too late to recover in time), and the simulated scenarios
+# beside a starting vLLM engine saw their cluster's control plane stall (node loss twice, drain
+# once in CI runs: a 25 s Serve control loop, requests waiting in the proxy; README
+# "Resilience"). In a row they take about 8.5 minutes on a quiet hour.
+ORDER = ["replica-death-engine", "soak", "replica-death-actors", "drain", "node-loss"]
 TIMEOUT_S = 900  # one scenario; its own bounds are far tighter, this only stops a stuck run
 # A test may wait for every scenario before its own: five at most.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(5 * TIMEOUT_S + 120)]
 
 
-class Lanes:
-    """Runs the scenarios in lanes of subprocesses; `result(name)` waits for one's figures."""
+class Scenarios:
+    """Runs the scenarios in a row in subprocesses; `result(name)` waits for one's figures."""
 
-    def __init__(self, out_dir: Path, lanes: list[list[str]], alone: list[str]) -> None:
+    def __init__(self, out_dir: Path, names: list[str]) -> None:
         self.out_dir = out_dir
-        self.done = {name: threading.Event() for lane in [*lanes, alone] for name in lane}
+        self.done = {name: threading.Event() for name in names}
         self.errors: dict[str, str] = {}
         self.wall_s: dict[str, float] = {}
         self._procs: dict[str, subprocess.Popen] = {}
-        threading.Thread(target=self._all, args=(lanes, alone), daemon=True).start()
+        threading.Thread(target=self._all, args=(names,), daemon=True).start()
 
-    def _all(self, lanes: list[list[str]], alone: list[str]) -> None:
-        threads = [threading.Thread(target=self._lane, args=(lane,), daemon=True)
-                   for lane in lanes]  # fmt: skip
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        self._lane(alone)
-
-    def _lane(self, names: list[str]) -> None:
+    def _all(self, names: list[str]) -> None:
         for name in names:
             try:
                 self._run(name)
@@ -128,9 +108,10 @@ def chaos(request):
     out_dir = Path(tempfile.mkdtemp(prefix="llmserve-chaos-"))
     print(f"\nchaos figures and logs: {out_dir}")
     failed_before = request.session.testsfailed
-    lanes = Lanes(out_dir, *_selected(request.session.items))
-    yield lanes
-    lanes.close()
+    wanted = {m.args[0] for item in request.session.items for m in item.iter_markers("scenario")}
+    scenarios = Scenarios(out_dir, [name for name in ORDER if name in wanted])
+    yield scenarios
+    scenarios.close()
     ray_dirs = _ray_dirs(out_dir)
     if request.session.testsfailed == failed_before and not os.environ.get("CHAOS_KEEP_LOGS"):
         for d in [out_dir, *ray_dirs]:
@@ -147,14 +128,6 @@ def _ray_dirs(out_dir: Path) -> list[Path]:
             if line.startswith("Ray logs of this run: "):
                 found.append(Path(line.split(": ", 1)[1]).parents[2])  # .../ray/session_latest/logs
     return found
-
-
-def _selected(items) -> tuple[list[list[str]], list[str]]:
-    """The lanes and the lone scenarios, keeping only those whose tests this session runs."""
-    wanted = {m.args[0] for item in items for m in item.iter_markers("scenario")}
-    lanes = [[name for name in lane if name in wanted]
-             for lane in LANES[int(os.environ.get("CHAOS_LANES", 2))]]  # fmt: skip
-    return [lane for lane in lanes if lane], [name for name in ALONE if name in wanted]
 
 
 def _answered(f: dict, unclean_allowed: bool = False) -> None:
