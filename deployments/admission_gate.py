@@ -75,6 +75,7 @@ class Gate:
                 capacity=self._capacity(m, _initial_replicas(m)),
                 max_queue_len=adm.max_queue_len,
                 max_queue_wait_s=adm.max_queue_wait_s,
+                max_queue_wait_s_by_priority=adm.max_queue_wait_s_by_level(),
                 ageing_s=adm.ageing_s,
                 capped_priority=max(adm.priority_levels.values()),
                 capped_share=adm.batch_max_share,
@@ -219,7 +220,7 @@ class Gate:
     # ------------------------------------------------------------------- periodic and state
 
     def tick(self) -> None:
-        """Expire queued requests past max_queue_wait_s (call a few times a second)."""
+        """Expire queued requests past their class's wait bound (call a few times a second)."""
         now = self._clock()
         for model, queue in self._queues.items():
             for r in queue.poll(now):

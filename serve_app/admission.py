@@ -7,7 +7,9 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 - `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
   `Reject("queue_full", retry_after_s)`.
 - `release` a finished request: its slot goes to the queued entries that may now start.
-- `poll` expires entries that waited longer than `max_queue_wait_s` ("queue_timeout").
+- `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
+  `max_queue_wait_s`, or `max_queue_wait_s_by_priority` for a base priority it names, so
+  that batch work may wait its turn where interactive work should be refused at once.
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
 
 Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
@@ -29,12 +31,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
 
-# queue_wait: refused on arrival because its expected wait already exceeds max_queue_wait_s.
+# queue_wait: refused on arrival because its expected wait already exceeds its wait bound.
 RejectReason = Literal["queue_full", "queue_timeout", "queue_wait"]
 
 # Weight of the newest completion in the mean service time behind retry_after_s: it
@@ -90,6 +93,7 @@ class AdmissionPolicy:
         capacity: int,
         max_queue_len: int,
         max_queue_wait_s: float,
+        max_queue_wait_s_by_priority: Mapping[int, float] | None = None,
         ageing_s: float = 0.0,
         displace_lower_priority: bool = True,
         min_retry_after_s: float = 1.0,
@@ -100,8 +104,10 @@ class AdmissionPolicy:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         if max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
-        if not (max_queue_wait_s > 0 and math.isfinite(max_queue_wait_s)):
-            raise ValueError(f"max_queue_wait_s must be > 0 and finite, got {max_queue_wait_s}")
+        by_priority = dict(max_queue_wait_s_by_priority or {})
+        for name, bound in [("max_queue_wait_s", max_queue_wait_s), *by_priority.items()]:
+            if not (bound > 0 and math.isfinite(bound)):
+                raise ValueError(f"queue wait bound {name} must be > 0 and finite, got {bound}")
         if ageing_s < 0:
             raise ValueError(f"ageing_s must be >= 0 (0 = off), got {ageing_s}")
         if min_retry_after_s < 0:
@@ -111,6 +117,7 @@ class AdmissionPolicy:
         self._capacity = capacity
         self._max_queue_len = max_queue_len
         self._max_queue_wait_s = max_queue_wait_s
+        self._max_queue_wait_s_by_priority = by_priority
         self._ageing_s = ageing_s
         self._displace_lower_priority = displace_lower_priority
         self._min_retry_after_s = min_retry_after_s
@@ -159,6 +166,10 @@ class AdmissionPolicy:
         entries = sorted(self._queued.values(), key=lambda e: self._key(e, now_s))
         return [e.entry_id for e in entries]
 
+    def max_wait_s(self, priority: int) -> float:
+        """How long an entry of this base priority may wait in the queue."""
+        return self._max_queue_wait_s_by_priority.get(priority, self._max_queue_wait_s)
+
     def effective_priority(self, priority: int, waited_s: float) -> int:
         if self._ageing_s <= 0:
             return priority
@@ -176,9 +187,9 @@ class AdmissionPolicy:
             return Admit(entry_id)
         entry = _Entry(entry_id, priority, now_s, next(self._seq))
         wait_s = self._expected_wait_s(entry, now_s)
-        if wait_s is not None and wait_s > self._max_queue_wait_s:
-            # It would time out in the queue anyway: say so now, not after max_queue_wait_s.
-            return Reject(entry_id, "queue_wait", self._retry_after_s())
+        if wait_s is not None and wait_s > self.max_wait_s(priority):
+            # It would time out in the queue anyway: say so now, not after its bound.
+            return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         if len(self._queued) < self._max_queue_len:
             self._push(entry)
             return Queue(entry_id)
@@ -188,8 +199,9 @@ class AdmissionPolicy:
             if self._key(entry, now_s) < self._key(worst, now_s):
                 self._remove(worst)
                 self._push(entry)
-                return Queue(entry_id, Reject(worst.entry_id, "queue_full", self._retry_after_s()))
-        return Reject(entry_id, "queue_full", self._retry_after_s())
+                retry_s = self._retry_after_s(worst.priority)
+                return Queue(entry_id, Reject(worst.entry_id, "queue_full", retry_s))
+        return Reject(entry_id, "queue_full", self._retry_after_s(priority))
 
     def release(self, entry_id: str, now_s: float) -> list[str]:
         """An admitted request ended: free its slot; return the queued ids that start now.
@@ -227,19 +239,20 @@ class AdmissionPolicy:
         return True
 
     def poll(self, now_s: float) -> list[Reject]:
-        """Expire entries that have waited more than max_queue_wait_s, oldest first."""
+        """Expire entries that have waited longer than their class's bound, oldest first."""
         expired: list[_Entry] = []
-        for fifo in list(self._levels.values()):
-            # Each FIFO is in arrival order, so its expired entries are a prefix.
+        for priority, fifo in list(self._levels.items()):
+            bound_s = self.max_wait_s(priority)
+            # Each FIFO is in arrival order with one bound, so its expired entries are a prefix.
             while fifo:
                 head = fifo[next(iter(fifo))]
-                if now_s - head.arrival_s <= self._max_queue_wait_s:
+                if now_s - head.arrival_s <= bound_s:
                     break
                 self._remove(head)
                 expired.append(head)
         expired.sort(key=lambda e: e.seq)
-        retry_after_s = self._retry_after_s()
-        return [Reject(e.entry_id, "queue_timeout", retry_after_s) for e in expired]
+        return [Reject(e.entry_id, "queue_timeout", self._retry_after_s(e.priority))
+                for e in expired]  # fmt: skip
 
     # -- internals -------------------------------------------------------------------
 
@@ -295,11 +308,11 @@ class AdmissionPolicy:
         slots = self.capped_limit if capped else self._capacity
         return (ahead + 1) * self._mean_service_s / slots
 
-    def _retry_after_s(self) -> float:
+    def _retry_after_s(self, priority: int) -> float:
         """When a refused client might be served: the time to work off today's queue at
-        the observed service rate, within [min_retry_after_s, max_queue_wait_s]. Retries
-        spread over that span instead of all returning at the next free slot."""
-        upper_s = max(self._min_retry_after_s, self._max_queue_wait_s)
+        the observed service rate, within [min_retry_after_s, its class's wait bound].
+        Retries spread over that span instead of all returning at the next free slot."""
+        upper_s = max(self._min_retry_after_s, self.max_wait_s(priority))
         if self._capacity == 0:
             return upper_s  # nothing drains until replicas come up
         if self._mean_service_s is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -297,7 +297,18 @@ class AdmissionConfig(_Strict):
         description="Priority class -> level; lower runs first, in the queue and the engine.",
     )
     max_queue_len: int = Field(default=256, ge=0, description="Per model, per Router replica.")
-    max_queue_wait_s: float = Field(default=30.0, gt=0)
+    max_queue_wait_s: float = Field(
+        default=30.0, gt=0, allow_inf_nan=False,
+        description="Longest a request may wait in the queue (and refused on arrival when its "
+        "expected wait is longer): 503 + Retry-After.",
+    )
+    max_queue_wait_s_by_class: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = (
+        Field(
+            default_factory=dict,
+            description="Per priority class, instead of max_queue_wait_s: e.g. {batch: 60}, so "
+            "that batch work waits its turn while interactive work is refused at once.",
+        )
+    )
     ageing_s: float = Field(
         default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
     )
@@ -311,6 +322,26 @@ class AdmissionConfig(_Strict):
         default="anonymous",
         description="Tenant for requests without a key; null makes a key mandatory (401).",
     )
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> "AdmissionConfig":
+        unknown = set(self.max_queue_wait_s_by_class) - set(self.priority_levels)
+        if unknown:
+            raise ValueError(
+                f"max_queue_wait_s_by_class: unknown classes {sorted(unknown)}; the classes are "
+                f"{sorted(self.priority_levels)}"
+            )
+        by_level = self.max_queue_wait_s_by_level()
+        for c, bound_s in self.max_queue_wait_s_by_class.items():
+            if by_level[self.priority_levels[c]] != bound_s:  # the queue keeps one per level
+                raise ValueError(
+                    f"max_queue_wait_s_by_class: classes of level {self.priority_levels[c]} "
+                    "must have the same bound"
+                )
+        return self
+
+    def max_queue_wait_s_by_level(self) -> dict[int, float]:
+        return {self.priority_levels[c]: s for c, s in self.max_queue_wait_s_by_class.items()}
 
 
 class TracingConfig(_Strict):

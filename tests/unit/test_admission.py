@@ -132,6 +132,36 @@ def test_a_request_that_would_wait_too_long_is_refused_at_once():
     assert policy.offer("urgent", INTERACTIVE, 10.0) == Queue("urgent")
 
 
+def test_each_class_waits_up_to_its_own_bound():
+    # Interactive work is refused after 2 s; batch work may wait its turn for 60.
+    policy = make(capacity=1, max_queue_wait_s=2.0, max_queue_wait_s_by_priority={BATCH: 60.0})
+    assert policy.max_wait_s(INTERACTIVE) == 2.0 and policy.max_wait_s(BATCH) == 60.0
+    policy.offer("done", STANDARD, 0.0)
+    policy.release("done", 10.0)  # one completion: 10 s a request
+    assert isinstance(policy.offer("run", STANDARD, 10.0), Admit)
+    # Expected wait 10 s: past the 2 s bound for standard, within 60 s for batch.
+    assert policy.offer("std", STANDARD, 10.0) == Reject("std", "queue_wait", 1.0)
+    for i in range(6):  # 10 ... 60 s expected
+        assert policy.offer(f"b{i}", BATCH, 10.0) == Queue(f"b{i}")
+    # 70 s: refused, and told to come back within its class's bound, not the 2 s one.
+    assert policy.offer("b6", BATCH, 10.0) == Reject("b6", "queue_wait", 60.0)
+    assert policy.poll(69.0) == []
+    assert [r.entry_id for r in policy.poll(70.5)] == [f"b{i}" for i in range(6)]
+
+
+def test_poll_expires_each_class_at_its_own_bound():
+    policy = make(capacity=0, max_queue_wait_s=5.0, max_queue_wait_s_by_priority={BATCH: 20.0})
+    policy.offer("b", BATCH, 0.0)
+    policy.offer("s", STANDARD, 1.0)
+    policy.offer("i", INTERACTIVE, 2.0)
+    assert policy.poll(5.5) == []
+    assert policy.poll(6.5) == [Reject("s", "queue_timeout", 5.0)]
+    assert [r.entry_id for r in policy.poll(7.5)] == ["i"]
+    assert policy.poll(20.0) == []
+    assert policy.poll(20.5) == [Reject("b", "queue_timeout", 20.0)]
+    assert policy.num_queued == 0
+
+
 def test_zero_capacity_queues_and_says_to_wait_long():
     # No live replica yet (scale from zero): requests queue for the autoscaler to see.
     policy = make(capacity=0, max_queue_len=1, max_queue_wait_s=20.0)
@@ -276,6 +306,8 @@ def test_misuse_is_loud():
 @pytest.mark.parametrize("kwargs", [
     dict(capacity=-1), dict(max_queue_len=-1), dict(max_queue_wait_s=0),
     dict(max_queue_wait_s=float("inf")), dict(ageing_s=-1), dict(min_retry_after_s=-1),
+    dict(max_queue_wait_s_by_priority={BATCH: 0}),
+    dict(max_queue_wait_s_by_priority={BATCH: float("nan")}),
 ])
 def test_bad_parameters(kwargs):
     with pytest.raises(ValueError):
@@ -291,11 +323,14 @@ def test_random_sequences_keep_invariants(seed):
     capped = seed % 2 == 1  # half the runs reserve slots: batch holds a share at most
     policy = make(capacity=rng.randint(0, 4), max_queue_len=rng.randint(0, 6),
                   max_queue_wait_s=rng.uniform(1, 20), ageing_s=rng.choice([0.0, 0.5, 3.0]),
+                  max_queue_wait_s_by_priority={p: rng.uniform(1, 40)
+                                                for p in rng.sample([0, 1, 2], rng.randint(0, 2))},
                   displace_lower_priority=rng.random() < 0.5,
                   capped_priority=BATCH if capped else None,
                   capped_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0)
     priority: dict[str, int] = {}
     offered: list[str] = []
+    arrival: dict[str, float] = {}
     outcome: dict[str, str] = {}  # id -> "admitted" | "rejected" | "cancelled", set once
     running: set[str] = set()
     now_s = 0.0
@@ -333,6 +368,7 @@ def test_random_sequences_keep_invariants(seed):
             entry_id = f"e{step}"
             offered.append(entry_id)
             priority[entry_id] = rng.choice([0, 1, 2])
+            arrival[entry_id] = now_s
             decision = policy.offer(entry_id, priority[entry_id], now_s)
             if isinstance(decision, Admit):
                 assert policy.num_in_flight <= policy.capacity
@@ -352,7 +388,12 @@ def test_random_sequences_keep_invariants(seed):
             settle(entry_id, "cancelled")
         elif op < 0.95:
             for reject in policy.poll(now_s):
+                waited_s = now_s - arrival[reject.entry_id]
+                assert waited_s > policy.max_wait_s(priority[reject.entry_id])
                 settle(reject.entry_id, "rejected")
+            # What is left has waited no longer than its class allows.
+            assert all(now_s - arrival[e] <= policy.max_wait_s(priority[e])
+                       for e in policy.queued_in_order(now_s))  # fmt: skip
         else:
             started(policy.set_capacity(rng.randint(0, 4), now_s), order)
 

@@ -285,6 +285,25 @@ async def test_tick_expires_entries_queued_longer_than_max_queue_wait_s():
     assert_idle(gate)
 
 
+async def test_batch_may_wait_longer_than_interactive_when_configured():
+    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_wait_s=2.0,
+                                     max_queue_wait_s_by_class={"batch": 20.0})  # fmt: skip
+    running = await gate.admit(tenants["std"], MODEL, 10, 60)
+    batch, inter = spawn(gate, tenants["batch"]), spawn(gate, tenants["inter"])
+    await settle()
+    clock.now_s += 3.0  # past the interactive bound, within the batch one
+    gate.tick()
+    e = await refused(inter)
+    assert (e.status, e.code) == (503, "queue_timeout")
+    assert not batch.done() and state(gate) == (1, 1)
+    clock.now_s += 10.0
+    gate.tick()
+    gate.finish(running, 10)  # the batch request, 13 s in the queue, starts
+    gate.finish(await batch, 10)
+    assert_idle(gate)
+    assert gate.num_rejected[(MODEL, "queue_timeout")] == 1
+
+
 async def test_an_expired_entry_does_not_fill_the_queue_for_a_newcomer_between_ticks():
     gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_len=1,
                                      max_queue_wait_s=5.0)  # fmt: skip

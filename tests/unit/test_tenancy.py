@@ -284,6 +284,13 @@ NO_ANON = {"anonymous_tenant": None}
         ([{"name": "a", "rate_limits": {"requests_per_s": 0}}], NO_ANON, "greater than 0"),
         ([{"name": "a", "max_concurrent_requests": 0}], NO_ANON, "greater than 0"),
         ([{"name": "a", "api_key": KEY_A}], NO_ANON, "Extra inputs"),  # typo
+        ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"bulk": 60}},
+         r"unknown classes \['bulk'\]"),
+        ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"batch": 0}}, "greater than 0"),
+        ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s": "inf"}, "finite"),
+        ([{"name": "a"}], {**NO_ANON, "priority_levels": {"gold": 0, "silver": 0},
+                           "max_queue_wait_s_by_class": {"gold": 5, "silver": 9}},
+         "classes of level 0 must have the same bound"),
     ],
 )  # fmt: skip
 def test_bad_tenant_config_is_refused_with_a_clear_message(tenants, admission, message):
@@ -305,6 +312,7 @@ def test_bad_tenant_config_is_refused_with_a_clear_message(tenants, admission, m
         ([{"name": "a", "default_timeout_s": 60, "max_timeout_s": 60}], NO_ANON),
         ([{"name": "a", "priority": "gold"}], {**NO_ANON, "priority_levels": {"gold": 0}}),
         ([{"name": "a", "models": ["m1"], "api_key_env": ["A_KEY"]}], NO_ANON),
+        ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"batch": 60}}),
     ],
 )  # fmt: skip
 def test_good_tenant_config_is_accepted(tenants, admission):
