@@ -23,6 +23,7 @@ TRACE_FILE = Path(
     os.environ.get("LLMSERVE_TEST_TRACE_FILE", f"/tmp/llmserve-test-spans-{os.getpid()}.jsonl")
 )
 METRICS_PORT = int(os.environ.get("LLMSERVE_TEST_METRICS_PORT", "18080"))
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
 INT8 = "smollm2-135m-instruct-int8"  # the default model quantized offline to INT8 W8A8
@@ -241,7 +242,7 @@ def openapi(serve_app) -> dict:
     r = httpx.get(f"{serve_app}/openapi.json", timeout=CALL_TIMEOUT_S)
     assert r.status_code == 200
     doc = r.json()
-    for path in ("/v1/chat/completions", "/v1/completions"):
+    for path in (CHAT, COMPLETIONS):
         op = doc["paths"][path]["post"]
         assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
         assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])

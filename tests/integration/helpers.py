@@ -12,9 +12,15 @@ import httpx
 
 from tests.integration.conftest import CALL_TIMEOUT_S, CLIENT_TIMEOUT_S, KEYS, TINY, engine_stats
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 SIM = "sim-model"
-SIM_KEY = {"Authorization": f"Bearer {KEYS['metered']}"}
+
+
+def auth(tenant: str) -> dict[str, str]:
+    """The Authorization header of one of the test apps' tenants (conftest KEYS)."""
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+SIM_KEY = auth("metered")
 
 
 def send_at_once(

@@ -15,7 +15,6 @@ from tests.integration.conftest import (
     CAPACITY,
     CLIENT_TIMEOUT_S,
     DEFAULT,
-    KEYS,
     MAX_QUEUE_LEN,
     METRICS_PORT,
     SIM_PREFIX,
@@ -24,7 +23,7 @@ from tests.integration.conftest import (
     engine_stats,
     serve_log_dir,
 )
-from tests.integration.helpers import send_at_once
+from tests.integration.helpers import auth, send_at_once
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -50,10 +49,6 @@ def router_access_log(prefix: str, timeout_s: float = 90.0, want: int = 1) -> li
             break
         time.sleep(0.5)
     return records
-
-
-def auth(tenant: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
 
 def chat(model=DEFAULT, **kw):

@@ -27,8 +27,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from serve_app.config import TenantConfig
-from tests.integration.conftest import SIM_PREFIX, TINY
-from tests.integration.helpers import CHAT, COMPLETIONS, SIM, SIM_KEY, wait_idle
+from tests.integration.conftest import CHAT, COMPLETIONS, SIM_PREFIX, TINY
+from tests.integration.helpers import SIM, SIM_KEY, wait_idle
 
 DOCUMENTED = {200, 400, 401, 404, 413, 429, 503, 504}
 # A request that takes longer counts as a hang; a body's own longer `timeout` extends it.

@@ -19,8 +19,8 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import MAX_BODY_BYTES, SIM_PREFIX, TINY
-from tests.integration.helpers import CHAT, COMPLETIONS, SIM, SIM_KEY, wait_idle
+from tests.integration.conftest import CHAT, COMPLETIONS, MAX_BODY_BYTES, SIM_PREFIX, TINY
+from tests.integration.helpers import SIM, SIM_KEY, wait_idle
 
 
 def assert_openai_error(r: httpx.Response, status: int, param: str | None = None) -> dict:

@@ -30,14 +30,9 @@ from tests.integration.conftest import (
     TRACE_FILE,
     engine_stats,
 )
-from tests.integration.helpers import send_at_once
+from tests.integration.helpers import SIM, auth, send_at_once
 
-SIM = "sim-model"
 SIM_BODY = {"model": SIM, "prompt": "Hello", "max_tokens": 4}
-
-
-def auth(tenant: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
 
 def sim_requests_total() -> int:
