@@ -261,3 +261,14 @@ def test_serve_config_yaml_args_validate():
     cfg = AppConfig.model_validate(args)
     assert cfg.model(DEFAULT_MODEL_NAME) is not None
     cfg.model(DEFAULT_MODEL_NAME).engine.engine_kwargs()  # no clash in the shipped config
+
+
+def test_serve_config_yaml_proxy_timeout_is_above_every_deadline():
+    # Serve's proxy ends a request at request_timeout_s with a bare 408; every deadline the
+    # Router enforces (with an OpenAI-shaped 504) must come first.
+    yaml = pytest.importorskip("yaml")
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "serve_config.yaml").read_text())
+    cfg = AppConfig.model_validate(doc["applications"][0]["args"])
+    longest_s = max(t.max_timeout_s for t in cfg.effective_tenants())
+    assert doc["http_options"]["request_timeout_s"] >= longest_s + 30

@@ -82,6 +82,8 @@ def test_same_application_as_serve_config_yaml(serve_config, local_config):
     ]  # fmt: skip
     assert ours.admission == theirs.admission
     assert ours.tenants == theirs.tenants
+    assert serve_config["http_options"]["request_timeout_s"] == \
+        local_config["http_options"]["request_timeout_s"]
     for m, lm in zip(ours.models, theirs.models):
         assert m.engine.model_dump(exclude={"enforce_eager", "cpu_kv_cache_space_gib"}) == \
             lm.engine.model_dump(exclude={"enforce_eager", "cpu_kv_cache_space_gib"})
