@@ -50,6 +50,18 @@ def serve_processes(app: str) -> dict[str, psutil.Process]:
     return found
 
 
+def children_titles(procs: dict[str, psutil.Process]) -> dict[str, list[str]]:
+    """Replica role -> "pid title" of each process below it: what a search for the engine saw."""
+    out = {}
+    for role, p in procs.items():
+        if role.endswith("]"):
+            try:
+                out[role] = [f"{c.pid} {_title(c)[:60]!r}" for c in p.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                out[role] = ["(replica gone)"]
+    return out
+
+
 def rss_mb(procs: dict[str, psutil.Process]) -> dict[str, float]:
     out = {}
     for role, p in procs.items():

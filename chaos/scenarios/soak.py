@@ -16,7 +16,7 @@ from chaos.apps import APP, SIM, TINY, app_args, sim_model, tiny_model, tiny_mod
 from chaos.cluster import ChaosCluster
 from chaos.figures import summary
 from chaos.load import Load, running
-from chaos.procs import rss_mb, serve_processes
+from chaos.procs import children_titles, rss_mb, serve_processes
 from serve_app.app import build_app
 
 
@@ -30,7 +30,7 @@ def run(short: bool, port_base: int) -> dict:
                  Load(cluster.url, TINY, num_clients=4, max_tokens=32, deadline_s=60)]  # fmt: skip
         with running(*loads):
             time.sleep(warmup_s)  # first requests fill caches, pools and arenas: not a leak
-            procs = serve_processes(APP)
+            procs = _with_engine_processes(deadline_s=30.0)
             t0 = time.monotonic()
             samples = [(0.0, rss_mb(procs))]
             while time.monotonic() - t0 < soak_s:
@@ -44,6 +44,21 @@ def run(short: bool, port_base: int) -> dict:
         "rss_mb": memory_figures(samples),
         "leftover_processes": cluster.leftover,
     }  # fmt: skip
+
+
+def _with_engine_processes(deadline_s: float) -> dict:
+    """The app's processes, once the vLLM engine processes below the tiny model's replica show.
+
+    Once in a dozen CI runs they were missing from the one look this took (2026-11-30 20:33; the
+    engine was serving), so look again for a while, and say what the replica's children were."""
+    end_s = time.monotonic() + deadline_s
+    while True:
+        procs = serve_processes(APP)
+        if any("/EngineCore[" in role for role in procs) or time.monotonic() > end_s:
+            return procs
+        print(f"no vLLM engine process found yet; replicas' children: {children_titles(procs)}",
+              flush=True)  # fmt: skip
+        time.sleep(2.0)
 
 
 def memory_figures(samples: list[tuple[float, dict[str, float]]]) -> dict[str, dict]:
