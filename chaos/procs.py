@@ -50,16 +50,21 @@ def serve_processes(app: str) -> dict[str, psutil.Process]:
     return found
 
 
-def children_titles(procs: dict[str, psutil.Process]) -> dict[str, list[str]]:
-    """Replica role -> "pid title" of each process below it: what a search for the engine saw."""
-    out = {}
-    for role, p in procs.items():
-        if role.endswith("]"):
-            try:
-                out[role] = [f"{c.pid} {_title(c)[:60]!r}" for c in p.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                out[role] = ["(replica gone)"]
-    return out
+def add_engine(procs: dict[str, psutil.Process], engine_pid: int) -> str | None:
+    """Name the engine process a replica reported (`stats().extra["engine_pid"]`) under that
+    replica's role, and return the role. Its title alone is not enough: in one CI run in a dozen
+    vLLM's `setproctitle` left the engine titled `python -c from multiprocessing...`."""
+    for role, p in list(procs.items()):
+        if not role.endswith("]"):
+            continue
+        try:
+            if engine_pid in {c.pid for c in p.children(recursive=True)}:
+                found = f"{role}/EngineCore[{engine_pid}]"
+                procs[found] = psutil.Process(engine_pid)
+                return found
+        except psutil.NoSuchProcess:
+            continue
+    return None
 
 
 def rss_mb(procs: dict[str, psutil.Process]) -> dict[str, float]:

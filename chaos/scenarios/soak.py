@@ -16,7 +16,7 @@ from chaos.apps import APP, SIM, TINY, app_args, sim_model, tiny_model, tiny_mod
 from chaos.cluster import ChaosCluster
 from chaos.figures import summary
 from chaos.load import Load, running
-from chaos.procs import children_titles, rss_mb, serve_processes
+from chaos.procs import add_engine, rss_mb, serve_processes
 from serve_app.app import build_app
 
 
@@ -30,7 +30,7 @@ def run(short: bool, port_base: int) -> dict:
                  Load(cluster.url, TINY, num_clients=4, max_tokens=32, deadline_s=60)]  # fmt: skip
         with running(*loads):
             time.sleep(warmup_s)  # first requests fill caches, pools and arenas: not a leak
-            procs = _with_engine_processes(deadline_s=30.0)
+            procs = _with_engine_process()
             t0 = time.monotonic()
             samples = [(0.0, rss_mb(procs))]
             while time.monotonic() - t0 < soak_s:
@@ -46,19 +46,15 @@ def run(short: bool, port_base: int) -> dict:
     }  # fmt: skip
 
 
-def _with_engine_processes(deadline_s: float) -> dict:
-    """The app's processes, once the vLLM engine processes below the tiny model's replica show.
-
-    Once in a dozen CI runs they were missing from the one look this took (2026-11-30 20:33; the
-    engine was serving), so look again for a while, and say what the replica's children were."""
-    end_s = time.monotonic() + deadline_s
-    while True:
-        procs = serve_processes(APP)
-        if any("/EngineCore[" in role for role in procs) or time.monotonic() > end_s:
-            return procs
-        print(f"no vLLM engine process found yet; replicas' children: {children_titles(procs)}",
-              flush=True)  # fmt: skip
-        time.sleep(2.0)
+def _with_engine_process() -> dict:
+    """The app's processes, the tiny model's vLLM engine among them, found by the pid its
+    replica reports rather than by its title alone."""
+    procs = serve_processes(APP)
+    stats = serve.get_deployment_handle(f"llm-{TINY}", app_name=APP).stats.remote()
+    engine_pid = stats.result(timeout_s=30).extra["engine_pid"]
+    if add_engine(procs, engine_pid) is None:
+        print(f"engine pid {engine_pid} is below none of {sorted(procs)}", flush=True)
+    return procs
 
 
 def memory_figures(samples: list[tuple[float, dict[str, float]]]) -> dict[str, dict]:

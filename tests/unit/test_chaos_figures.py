@@ -3,13 +3,16 @@ No Ray cluster: samples and results are made up here."""
 
 from __future__ import annotations
 
+import subprocess
+
+import psutil
 import pytest
 
 pytest.importorskip("ray")
 from chaos.fault import fault_figures  # noqa: E402
 from chaos.figures import ok_rate  # noqa: E402
 from chaos.load import Result, _error_code  # noqa: E402
-from chaos.procs import _replica_of  # noqa: E402
+from chaos.procs import _replica_of, add_engine  # noqa: E402
 from chaos.scenarios.soak import _slope, memory_figures  # noqa: E402
 from chaos.watch import Sample, at_capacity  # noqa: E402
 
@@ -72,3 +75,15 @@ def test_memory_trend_and_growth():
 ])  # fmt: skip
 def test_replica_processes_are_known_by_their_title(title, deployment):
     assert _replica_of(title, "chaos") == deployment
+
+
+def test_the_engine_is_named_under_the_replica_it_runs_below_whatever_its_title():
+    engine = subprocess.Popen(["sleep", "30"])  # titled "sleep 30", as a real engine may be
+    try:
+        procs = {"proxy": psutil.Process(1), "llm-m[7]": psutil.Process()}
+        assert add_engine(procs, engine.pid) == f"llm-m[7]/EngineCore[{engine.pid}]"
+        assert procs[f"llm-m[7]/EngineCore[{engine.pid}]"].pid == engine.pid
+        assert add_engine({"llm-m[7]": psutil.Process()}, 1) is None  # not below the replica
+    finally:
+        engine.kill()
+        engine.wait()
