@@ -18,16 +18,20 @@ import time
 
 import psutil
 
+from chaos.procs import replica_of
+
 
 def confine(door_cpu: int) -> None:
     for driver in psutil.process_iter(["cmdline"]):
         try:
             if "bench.peers.serve_driver" not in " ".join(driver.info["cmdline"] or []):
                 continue
+            argv = driver.info["cmdline"]
+            app = argv[argv.index("--system") + 1]  # serve_driver names the app after it
             tree = [driver, *driver.children(recursive=True)]
             # The engine processes inherit the replica's CPU set when they start; the worker
             # then binds itself to VLLM_CPU_OMP_THREADS_BIND, which this loop must not undo.
-            engine = {child.pid for p in tree if _is_llm_replica(p)
+            engine = {child.pid for p in tree if _is_llm_replica(p, app)
                       for child in p.children(recursive=True)}  # fmt: skip
             for p in tree:
                 if p.pid not in engine:
@@ -40,9 +44,9 @@ def confine(door_cpu: int) -> None:
             pass
 
 
-def _is_llm_replica(p: psutil.Process) -> bool:
-    cmdline = " ".join(p.cmdline())
-    return "ServeReplica" in cmdline and "llm-" in cmdline
+def _is_llm_replica(p: psutil.Process, app: str) -> bool:
+    # Our LLMServer deployments are named llm-<model>; Ray Serve LLM's are not confined.
+    return (replica_of(" ".join(p.cmdline()), app) or "").startswith("llm-")
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ def _title(p: psutil.Process) -> str:
         return ""
 
 
-def _replica_of(title: str, app: str) -> str | None:
+def replica_of(title: str, app: str) -> str | None:
     """The deployment a replica process serves, from its title: `ray::ServeReplica:APP:DEP`,
     followed by `.method` while it runs one (our deployment names hold no such suffix)."""
     head = title.split(" ", 1)[0]
@@ -41,7 +41,7 @@ def serve_processes(app: str) -> dict[str, psutil.Process]:
             found["proxy"] = p
         elif title.startswith("ray::ServeController"):
             found["controller"] = p
-        elif (deployment := _replica_of(title, app)) is not None:
+        elif (deployment := replica_of(title, app)) is not None:
             found[f"{deployment}[{p.pid}]"] = p
             for child in p.children(recursive=True):
                 if _title(child).startswith("VLLM::"):
@@ -83,4 +83,4 @@ def replicas_below(pid: int, app: str, deployment: str) -> list[int]:
         children = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p.pid for p in children if _replica_of(_title(p), app) == deployment]
+    return [p.pid for p in children if replica_of(_title(p), app) == deployment]

