@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import threading
@@ -25,6 +26,9 @@ async def completions(request):
         for i in range(body["max_tokens"]):
             sum(range(20_000))  # some CPU per token, as a server spends
             yield f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n'
+        if body["stream_options"]["include_usage"]:
+            usage = {"prompt_tokens": 9, "completion_tokens": body["max_tokens"]}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
@@ -48,8 +52,9 @@ def test_counts_every_chunk_and_names_the_busy_processes(capsys):
         server.should_exit = True
         thread.join(timeout=10)
     out = capsys.readouterr().out.splitlines()
-    chunks = int(out[0].split()[0])
-    assert chunks > 0 and chunks % 8 == 0  # whole completions only: [DONE] is not a chunk
+    tokens, chunks = int(out[0].split()[0]), int(out[0].split()[3])
+    assert tokens > 0 and tokens % 8 == 0  # whole completions of 8 tokens
+    assert chunks == tokens // 8 * 9  # 8 token chunks and a usage chunk each; [DONE] is none
     assert "(2 streams)" in out[0]
     mine = [line for line in out if line.split()[1:2] == [str(os.getpid())]]
     assert mine and float(mine[0].split("%")[0]) > 0
