@@ -52,18 +52,24 @@ def serve_processes(app: str) -> dict[str, psutil.Process]:
 
 def add_engine(procs: dict[str, psutil.Process], engine_pid: int) -> str | None:
     """Name the engine process a replica reported (`stats().extra["engine_pid"]`) under that
-    replica's role, and return the role. Its title alone is not enough: in one CI run in a dozen
-    vLLM's `setproctitle` left the engine titled `python -c from multiprocessing...`."""
+    replica's role, its worker processes (the engine's children) beside it, and return the
+    engine's role. Titles alone are not enough: in one CI run in a dozen vLLM's `setproctitle`
+    left the engine titled `python -c from multiprocessing...`."""
     for role, p in list(procs.items()):
         if not role.endswith("]"):
             continue
         try:
-            if engine_pid in {c.pid for c in p.children(recursive=True)}:
-                found = f"{role}/EngineCore[{engine_pid}]"
-                procs[found] = psutil.Process(engine_pid)
-                return found
+            if engine_pid not in {c.pid for c in p.children(recursive=True)}:
+                continue
+            engine = psutil.Process(engine_pid)
+            known = {q.pid for q in procs.values()}
+            for worker in engine.children():
+                if worker.pid not in known:
+                    procs[f"{role}/Worker[{worker.pid}]"] = worker
         except psutil.NoSuchProcess:
             continue
+        procs[f"{role}/EngineCore[{engine_pid}]"] = engine
+        return f"{role}/EngineCore[{engine_pid}]"
     return None
 
 

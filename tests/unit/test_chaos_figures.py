@@ -4,6 +4,7 @@ No Ray cluster: samples and results are made up here."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -77,13 +78,20 @@ def test_replica_processes_are_known_by_their_title(title, deployment):
     assert replica_of(title, "chaos") == deployment
 
 
-def test_the_engine_is_named_under_the_replica_it_runs_below_whatever_its_title():
-    engine = subprocess.Popen(["sleep", "30"])  # titled "sleep 30", as a real engine may be
+def test_the_engine_and_its_worker_are_named_under_their_replica_whatever_their_titles():
+    # An "engine" titled "sh -c ...", with one child, its "worker", titled "sleep 30".
+    engine = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
+        while not psutil.Process(engine.pid).children():
+            time.sleep(0.01)
+        worker = psutil.Process(engine.pid).children()[0].pid
         procs = {"proxy": psutil.Process(1), "llm-m[7]": psutil.Process()}
         assert add_engine(procs, engine.pid) == f"llm-m[7]/EngineCore[{engine.pid}]"
-        assert procs[f"llm-m[7]/EngineCore[{engine.pid}]"].pid == engine.pid
+        assert {role: p.pid for role, p in procs.items() if role.startswith("llm-m[7]/")} == {
+            f"llm-m[7]/EngineCore[{engine.pid}]": engine.pid, f"llm-m[7]/Worker[{worker}]": worker}
         assert add_engine({"llm-m[7]": psutil.Process()}, 1) is None  # not below the replica
     finally:
+        for p in psutil.Process(engine.pid).children():
+            p.kill()
         engine.kill()
         engine.wait()
