@@ -38,10 +38,10 @@ def confine(door_cpu: int) -> None:
                     for tid in os.listdir(f"/proc/{p.pid}/task"):
                         try:
                             os.sched_setaffinity(int(tid), {door_cpu})
-                        except OSError:  # the thread ended
-                            pass
-        except (psutil.Error, OSError):  # the process ended
-            pass
+                        except OSError:  # the thread ended: nothing left to confine
+                            continue
+        except (psutil.Error, OSError):  # the process ended mid-walk: the next pass sees the rest
+            continue
 
 
 def _is_llm_replica(p: psutil.Process, app: str) -> bool:
