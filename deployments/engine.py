@@ -1,28 +1,33 @@
 """The engine seam: the one interface an LLMServer replica drives.
 
-`VLLMEngine` (deployments/vllm_engine.py) is the real implementation and the only module that
-imports vllm or torch. Anything else that satisfies this protocol (a simulated engine for load and
-policy tests) can stand in without the replica knowing.
+An engine is an OpenAI HTTP server over a generator, in-process: `app` is an ASGI app answering
+the paths in `paths`. `VLLMEngine` (deployments/vllm_engine.py) is vLLM's own server over one
+AsyncLLM and the only module that imports vllm or torch; `SimEngine` (deployments/sim_engine.py)
+simulates one for relay, policy and load tests. The replica knows neither.
+
+While an engine answers a request it adds what the request used to `request_usage`, the `Usage`
+the replica set for that request (a context variable: every task the app starts for the request
+sees the same one), so that the Router settles token buckets from counted tokens, not from
+parsing replies.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol
+from contextvars import ContextVar
+from typing import Protocol
 
-from serve_app.generation import EngineStats, GenerationChunk, GenerationError, GenerationRequest
+from deployments.asgi_call import ASGIApp
+from serve_app.replica_call import EngineStats, Usage
+
+request_usage: ContextVar[Usage | None] = ContextVar("request_usage", default=None)
 
 
 class Engine(Protocol):
+    app: ASGIApp
+    paths: frozenset[str]  # the forwarded paths this engine serves (vLLM's tasks decide)
+
     async def start(self) -> None:
         """Load weights and allocate the KV cache. Raises if the engine cannot start."""
-
-    def generate(
-        self, request: GenerationRequest
-    ) -> AsyncIterator[GenerationChunk | GenerationError]:
-        """Stream the request's output. Closing the iterator early aborts the request."""
-
-    async def abort(self, request_id: str) -> None:
-        """Stop a request and free its KV blocks. Unknown ids are ignored."""
 
     def stats(self) -> EngineStats: ...
 

@@ -37,7 +37,8 @@ async def _unexpected(_: Request, e: Exception) -> JSONResponse:
 
 
 def http_app() -> FastAPI:
-    app = FastAPI(title="llmserve", docs_url=None, redoc_url=None)
+    # /openapi.json is a route of the Router's: it merges the engine's request schemas in.
+    app = FastAPI(title="llmserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdentityMiddleware)
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

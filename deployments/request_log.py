@@ -34,6 +34,8 @@ class RequestTrail:
     replica: str | None = None
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
+    # First to last token, where the Router did not see them arrive (a reply sent whole).
+    generation_s: float | None = None
     finished: bool = False
 
     def finish(self, outcome: str, code: str = "") -> None:
@@ -44,7 +46,8 @@ class RequestTrail:
         ttft_s = None if self.first_s is None else self.first_s - self.start_s
         tpot_s = None
         if self.first_s is not None and self.num_completion_tokens > 1:
-            tpot_s = (end_s - self.first_s) / (self.num_completion_tokens - 1)
+            span_s = self.generation_s if self.generation_s is not None else end_s - self.first_s
+            tpot_s = span_s / (self.num_completion_tokens - 1)
         self.metrics.record(RequestOutcome(
             model=self.model, tenant=self.tenant, priority=self.priority, outcome=outcome,
             code=code, e2e_s=end_s - self.start_s, ttft_s=ttft_s, tpot_s=tpot_s,

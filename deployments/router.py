@@ -1,51 +1,63 @@
-"""Router: the ingress deployment. OpenAI-compatible HTTP API, dispatch by model name.
+"""Router: the ingress deployment. The OpenAI HTTP API at the door, dispatch by model name.
 
-The HTTP routes and the Python handle methods share one path (`_open_stream`), so a Ray app calling
-`chat_completions` through a DeploymentHandle gets the same validation and errors as an HTTP client.
+The Router does what is the platform's: API keys and tenants, rate limits, the per-model queue,
+deadlines, priority, metrics and traces. The request itself is vLLM's: the Router reads the few
+fields admission needs, rewrites the ones the platform decides (the tenant's max_tokens cap, its
+priority), forwards the body to a replica, and relays the replica's reply as it comes: ready
+bytes, several tokens per item, never parsed. The HTTP routes and the Python handle methods share
+one path (`_open`), so a Ray app calling `chat_completions` through a DeploymentHandle gets the
+same admission and errors as an HTTP client.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import json
 import logging
 import os
 import time
 import uuid
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from deployments.admission_gate import Gate, Ticket
 from deployments.http_app import http_app, read_body
 from deployments.request_log import RequestTrail
-from deployments.request_path import OpenStream, outcome_of, prompt_chars, sse, timeout_field
-from serve_app import tracing
-from serve_app.config import AppConfig, TenantConfig
-from serve_app.generation import GenerationError
-from serve_app.metrics import RouterMetrics
-from serve_app.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIError,
-    parse_json_body,
-    parse_request,
+from deployments.request_path import (
+    OpenReply,
+    SseChunks,
+    body_size,
+    outcome_of,
+    session_of,
+    sse_error,
+    unless_disconnected,
 )
-from serve_app.openai_responses import ResponseBuilder, models_list
-from serve_app.openapi_docs import openapi_extra
+from serve_app import openapi_docs, tracing
+from serve_app.config import AppConfig, TenantConfig
+from serve_app.metrics import RouterMetrics
+from serve_app.openai_protocol import OpenAIError, parse_json_body, read_fields, rewrite_body
+from serve_app.replica_call import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    GENERATION_PATHS,
+    ReplicaRequest,
+    ReplyEnd,
+    ReplyHead,
+)
 from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
 
 logger = logging.getLogger("ray.serve")
-Kind = Literal["chat", "completion"]
-ID_PREFIX = {"chat": "chatcmpl", "completion": "cmpl"}
 TICK_S = 0.1  # queue expiry resolution
 REPLICA_REFRESH_S = 2.0
 RECLAIM_GRACE_S = 5.0
+# Request headers a replica gets (the engine's server reads them); the API key is not one.
+FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
+UNAVAILABLE = "the model is unavailable; retry shortly"
 
 app = http_app()
 
@@ -67,9 +79,12 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
+        self._by_priority = {m.name: m.engine.scheduling_policy == "priority"
+                             for m in self._config.models}  # fmt: skip
         # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
-        # deadlines (one timer for all instead of a timeout around every chunk).
+        # deadlines (one timer for all instead of a timeout around every item).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
+        self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         self._metrics = RouterMetrics()
         tracing.configure_tracing(**self._config.tracing.model_dump())
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
@@ -99,14 +114,14 @@ class Router:
                 # A streaming response whose body was never iterated (the client vanished
                 # between the headers and the first read) never runs its own cleanup.
                 logger.warning("reclaiming abandoned request %s", entry_id)
-                self._gate.finish(ticket, 0)
+                self._gate.finish(ticket, ticket.num_reserved_tokens)
                 del self._dispatched[entry_id]
 
     async def _refresh_replicas(self) -> None:
         try:
-            app = serve.get_replica_context().app_name
+            app_name = serve.get_replica_context().app_name
             status = await asyncio.to_thread(serve.status)
-            deployments = status.applications[app].deployments
+            deployments = status.applications[app_name].deployments
         except Exception as e:  # controller busy or restarting: keep the last known counts
             logger.debug("replica refresh failed: %r", e)
             return
@@ -117,12 +132,12 @@ class Router:
 
     # ------------------------------------------------------------------------------ HTTP routes
 
-    @app.get("/v1/models", openapi_extra=openapi_extra(errors=(401,)))
+    @app.get("/v1/models", openapi_extra=openapi_docs.route_extra(errors=(401,)))
     async def http_models(self, request: Request) -> dict[str, Any]:
         # Keys are checked here too, and a tenant sees only the models it may use.
         tenant = self._directory.authenticate(request.headers.get("authorization"))
         allowed = [m for m in self._handles if tenant.models is None or m in tenant.models]
-        return models_list(allowed, self._created)
+        return openapi_docs.models_list(allowed, self._created)
 
     @app.get("/healthz")
     async def http_health(self) -> JSONResponse:
@@ -138,16 +153,47 @@ class Router:
                               headers={"Retry-After": "5"})  # fmt: skip
         return JSONResponse({"status": "ready", "models": sorted(self._handles)})
 
-    @app.post("/v1/chat/completions", openapi_extra=openapi_extra(ChatCompletionRequest))
+    @app.get("/openapi.json", include_in_schema=False)
+    async def http_openapi(self) -> JSONResponse:
+        """The platform's routes with vLLM's own request schemas (from a replica's engine)."""
+        if self._engine_openapi is None:
+            self._engine_openapi = await self._fetch_engine_openapi()
+        return JSONResponse(openapi_docs.document(app, self._engine_openapi))
+
+    async def _fetch_engine_openapi(self) -> dict | None:
+        for handle in self._handles.values():
+            try:
+                doc = await asyncio.wait_for(handle.openapi.remote(), timeout=10)
+            except Exception as e:  # no replica yet: serve our own schema, ask again next time
+                logger.debug("no engine OpenAPI document yet: %r", e)
+                continue
+            if doc:
+                return doc
+        return None
+
+    @app.post(CHAT_PATH, openapi_extra=openapi_docs.route_extra(CHAT_PATH))
     async def http_chat(self, request: Request):
-        return await self._http(request, "chat")
+        return await self._http(request, CHAT_PATH)
 
-    @app.post("/v1/completions", openapi_extra=openapi_extra(CompletionRequest))
+    @app.post(COMPLETIONS_PATH, openapi_extra=openapi_docs.route_extra(COMPLETIONS_PATH))
     async def http_completions(self, request: Request):
-        return await self._http(request, "completion")
+        return await self._http(request, COMPLETIONS_PATH)
 
-    async def _http(self, request: Request, kind: Kind):
-        trail = self._trail(kind, request.scope.get("state", {}).get("request_id", ""))
+    @app.post("/tokenize", openapi_extra=openapi_docs.route_extra("/tokenize"))
+    async def http_tokenize(self, request: Request):
+        return await self._http(request, "/tokenize")
+
+    @app.post("/detokenize", openapi_extra=openapi_docs.route_extra("/detokenize"))
+    async def http_detokenize(self, request: Request):
+        return await self._http(request, "/detokenize")
+
+    @app.post("/v1/embeddings", openapi_extra=openapi_docs.route_extra("/v1/embeddings"))
+    async def http_embeddings(self, request: Request):
+        return await self._http(request, "/v1/embeddings")
+
+    async def _http(self, request: Request, path: str):
+        request_id = request.scope.get("state", {}).get("request_id") or str(uuid.uuid4())
+        trail = self._trail(path, request_id)
         try:
             # The key is checked before the body is even read: no work for strangers.
             with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
@@ -155,69 +201,88 @@ class Router:
             trail.tenant = tenant.name
             request.state.response_headers = {**self._gate.rate_headers(tenant),
                                               "x-llmserve-tenant": tenant.name}  # fmt: skip
-            body = parse_json_body(
-                await read_body(request, self._config.http.max_request_body_bytes))
-            trail.stream = body.get("stream") is True
+            raw = await read_body(request, self._config.http.max_request_body_bytes)
+            body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
-            stream = await self._open_stream(kind, body, tenant,
-                                             session[:128] if session else None, trail)  # fmt: skip
-            request.state.response_headers = {**stream.headers, "x-llmserve-tenant": tenant.name}
-            if trail.stream:
-                return EventSourceResponse(self._sse_events(stream, trail), sep="\n", ping=15)
-            response = JSONResponse(await self._collect(stream))
-            trail.finish("ok")
-            return response
+            headers = tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k)))
+            reply = await self._open(path, body, len(raw), tenant, request_id, headers,
+                                     session[:128] if session else None, trail)  # fmt: skip
+            request.state.response_headers = {**reply.headers, "x-llmserve-tenant": tenant.name}
         except BaseException as e:
             trail.finish(*outcome_of(e))
             raise
+        head = reply.head
+        if head.is_stream:
+            trail.stream = True
+            return StreamingResponse(self._sse(reply), status_code=head.status,
+                                     media_type=head.content_type)  # fmt: skip
+        try:
+            content = await unless_disconnected(self._collect(reply), request.receive)
+        except BaseException as e:
+            trail.finish(*outcome_of(e))
+            raise
+        trail.finish("ok" if head.status < 400 else str(head.status))
+        return Response(content, status_code=head.status, media_type=head.content_type)
 
-    def _trail(self, kind: str, request_id: str) -> RequestTrail:
+    def _trail(self, path: str, request_id: str) -> RequestTrail:
+        kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion"}.get(path, path.rsplit("/")[-1])
         return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
 
     # -------------------------------------------------------------------- handle API (Python)
 
     async def chat_completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
         """Non-streaming chat completion for DeploymentHandle callers; raises OpenAIError."""
-        return await self._handle_call("chat", body, api_key)
+        return await self._handle_call(CHAT_PATH, {**body, "stream": False}, api_key)
 
     async def completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
-        return await self._handle_call("completion", body, api_key)
+        return await self._handle_call(COMPLETIONS_PATH, {**body, "stream": False}, api_key)
 
     async def stream_chat_completions(
         self, body: dict[str, Any], api_key: str | None = None
     ) -> AsyncIterator[dict]:
         """Streaming chat completion: yields OpenAI chunk dicts (call with stream=True)."""
-        async for chunk in self._handle_stream("chat", body, api_key):
+        async for chunk in self._handle_stream(CHAT_PATH, {**body, "stream": True}, api_key):
             yield chunk
 
     async def stream_completions(
         self, body: dict[str, Any], api_key: str | None = None
     ) -> AsyncIterator[dict]:
-        async for chunk in self._handle_stream("completion", body, api_key):
+        async for chunk in self._handle_stream(COMPLETIONS_PATH, {**body, "stream": True},
+                                               api_key):  # fmt: skip
             yield chunk
 
-    async def _handle_call(self, kind: Kind, body: dict[str, Any], api_key: str | None) -> dict:
-        trail = self._trail(kind, str(uuid.uuid4()))
+    async def _handle_call(self, path: str, body: dict[str, Any], api_key: str | None) -> dict:
+        request_id = str(uuid.uuid4())
+        trail = self._trail(path, request_id)
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
-            result = await self._collect(await self._open_stream(kind, body, tenant,
-                                                                 trail=trail))  # fmt: skip
+            reply = await self._open(path, body, body_size(body), tenant, request_id,
+                                     trail=trail)  # fmt: skip
+            content = await self._collect(reply)
+            if reply.head.status >= 400:
+                raise OpenAIError.from_reply(reply.head.status, content)
             trail.finish("ok")
-            return result
+            return json.loads(content)
         except BaseException as e:
             trail.finish(*outcome_of(e))
             raise
 
-    async def _handle_stream(self, kind: Kind, body: dict[str, Any], api_key: str | None):
-        trail = self._trail(kind, str(uuid.uuid4()))
+    async def _handle_stream(self, path: str, body: dict[str, Any], api_key: str | None):
+        request_id = str(uuid.uuid4())
+        trail = self._trail(path, request_id)
         trail.stream = True
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
-            stream = await self._open_stream(kind, body, tenant, trail=trail)
-            async for chunk in self._chunks(stream):
-                yield chunk
+            reply = await self._open(path, body, body_size(body), tenant, request_id,
+                                     trail=trail)  # fmt: skip
+            if not reply.head.is_stream:
+                raise OpenAIError.from_reply(reply.head.status, await self._collect(reply))
+            chunks = SseChunks()
+            async for data in self._parts(reply):
+                for chunk in chunks.feed(data):
+                    yield chunk
             trail.finish("ok")
         except BaseException as e:
             trail.finish(*outcome_of(e))
@@ -232,99 +297,110 @@ class Router:
 
     # ---------------------------------------------------------------------------------- core
 
-    async def _open_stream(
+    async def _open(
         self,
-        kind: Kind,
+        path: str,
         body: dict[str, Any],
+        body_size: int,
         tenant: TenantConfig,
+        request_id: str,
+        headers: tuple[tuple[str, str], ...] = (),
         session_id: str | None = None,
         trail: RequestTrail | None = None,
-    ) -> OpenStream:
-        trail = trail or self._trail(kind, "")
+    ) -> OpenReply:
+        """Admits, forwards and waits for the reply's head; raises OpenAIError."""
+        trail = trail or self._trail(path, request_id)
         trail.priority = tenant.priority
-        req = parse_request(kind, body)
-        handle = self._handles.get(req.model)
-        if handle is None:
-            # Only the models this tenant may use: the others are none of its business.
-            known = [m for m in self._handles if tenant.models is None or m in tenant.models]
-            raise OpenAIError(
-                404,
-                f"The model '{req.model}' does not exist. Known models: {', '.join(sorted(known))}",
-                param="model",
-                code="model_not_found",
-            )
-        response_id = f"{ID_PREFIX[kind]}-{uuid.uuid4().hex}"
-        gen = req.to_generation(response_id, self._config.http.max_n)
-        model = self._config.model(req.model)
-        terms = request_terms(tenant, req.model, gen.max_tokens, timeout_field(body),
+        fields = read_fields(body, self._config.http.max_n)
+        handle = self._handles.get(fields.model)
+        model = self._config.model(fields.model)
+        if handle is None or (tenant.models is not None and fields.model not in tenant.models):
+            # One answer for "no such model" and "not yours": nothing to learn by probing.
+            raise OpenAIError(404, f"The model '{fields.model}' does not exist or you do not "
+                              "have access to it.", param="model",
+                              code="model_not_found")  # fmt: skip
+        generates = path in GENERATION_PATHS
+        terms = request_terms(tenant, fields.model, fields.max_tokens, fields.timeout_s,
                               model.max_tokens_default)  # fmt: skip
-        num_tokens = estimate_prompt_tokens(prompt_chars(gen)) + terms.max_tokens * req.n
-        trail.model = req.model
+        num_tokens = estimate_prompt_tokens(body_size)
+        if generates:
+            num_tokens += terms.max_tokens * fields.n
+        trail.model = fields.model
         # A refusal (429, 503) is an answer, not a crash: no traceback on the span. Formatting
         # one for every 429 of a flood took a tenth of the Router's event loop.
         with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
-            ticket = await self._gate.admit(tenant, req.model, num_tokens, terms.timeout_s)
+            ticket = await self._gate.admit(tenant, fields.model, num_tokens, terms.timeout_s)
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         trail.queue_wait_s = ticket.queue_wait_s
-        headers = dict(ticket.rate_headers)
+        reply_headers = dict(ticket.rate_headers)
         if terms.max_tokens_clamped_from is not None:
-            headers["x-max-tokens-clamped"] = f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
-        gen = dataclasses.replace(gen, max_tokens=terms.engine_max_tokens,
-                                  priority=self._gate.priority(tenant))  # fmt: skip
-        session = session_id or req.user or ""
+            reply_headers["x-max-tokens-clamped"] = (
+                f"{terms.max_tokens_clamped_from}->{terms.max_tokens}")
         try:
+            priority = self._gate.priority(tenant) if self._by_priority[fields.model] else None
+            forwarded = rewrite_body(body) if not generates else rewrite_body(
+                body, default_max_tokens=model.max_tokens_default,
+                max_tokens_cap=tenant.max_tokens_cap, priority=priority)
             with tracing.tracer.start_as_current_span("dispatch") as span:
-                gen = dataclasses.replace(gen, trace_headers=tracing.current_trace_headers())
-                stream, first = await self._dispatch(handle, gen, ticket, session)
-                span.set_attribute("llmserve.replica", first.replica_id or "")
+                trace_headers = tuple(tracing.current_trace_headers().items())
+                request = ReplicaRequest(request_id, path, forwarded, (
+                    *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
+                    *trace_headers, ("x-request-id", request_id),
+                    *(() if any(k == "content-type" for k, _ in headers)
+                      else (("content-type", "application/json"),))))  # fmt: skip
+                dispatched_s = time.monotonic()
+                stream, head = await self._dispatch(handle, request, ticket,
+                                                    session_id or session_of(body))  # fmt: skip
+                span.set_attribute("llmserve.replica", head.replica_id)
         except BaseException:
             self._gate.finish(ticket, 0)
             raise
         trail.first_s = time.monotonic()
-        trail.replica = first.replica_id
-        trail.num_prompt_tokens = first.num_prompt_tokens
-        if self._config.http.debug_headers and first.replica_id:
-            headers["x-replica"] = first.replica_id
-        builder = ResponseBuilder(kind, response_id, req.model, req.n)
-        # Not the current span: the stream is consumed later, possibly in another task.
-        span = tracing.tracer.start_span("stream", attributes={"llmserve.model": req.model})
-        return OpenStream(builder, first, stream, req.include_usage, ticket, headers, trail, span)
+        trail.replica = head.replica_id
+        if self._config.http.debug_headers and head.replica_id:
+            reply_headers["x-replica"] = head.replica_id
+        # Not the current span: the reply is consumed later, possibly in another task.
+        span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
+        return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)
 
-    async def _dispatch(self, handle: DeploymentHandle, gen, ticket: Ticket, session: str):
-        """Sends to a replica and waits for its first item. A replica that fails before any
+    async def _dispatch(self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket,
+                        session: str) -> tuple[DeploymentResponseGenerator, ReplyHead]:  # fmt: skip
+        """Sends to a replica and waits for its reply head. A replica that fails before any
         output (it died, or says it is unhealthy) costs one retry on another replica."""
         for attempt in (1, 2):
             options = {"stream": True, "session_id": session} if session else {"stream": True}
-            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(gen)
+            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(
+                request)
             self._dispatched[ticket.entry_id] = (ticket, stream)
             try:
-                first = await self._next(stream, ticket)
+                head = await self._next(stream, ticket)
             except (OpenAIError, asyncio.CancelledError):
                 stream.cancel()  # the caller left or the deadline passed
                 raise
             except StopAsyncIteration:
-                raise OpenAIError(500, "the engine ended the stream without output") from None
+                raise OpenAIError(500, "the replica ended the reply without a head") from None
             except Exception as e:
                 stream.cancel()
                 logger.warning("request %s failed before output on attempt %d: %r",
-                               gen.request_id, attempt, e)  # fmt: skip
+                               request.request_id, attempt, e)  # fmt: skip
                 if attempt == 2:
-                    raise OpenAIError(503, "the model is unavailable; retry shortly",
-                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                    raise OpenAIError(503, UNAVAILABLE, headers={"Retry-After": "1"}) from None
                 continue
-            if isinstance(first, GenerationError):
-                if first.code == "replica_unhealthy" and attempt == 1:
+            if head.code == "replica_unhealthy":
+                stream.cancel()
+                if attempt == 1:
                     # Retry elsewhere: the refusing replica scores best (it holds nothing) until
                     # it exits, so the request router must be told to skip it.
-                    gen = dataclasses.replace(gen, avoid_replica_id=first.replica_id)
+                    request = ReplicaRequest(request.request_id, request.path, request.body,
+                                             request.headers, head.replica_id)  # fmt: skip
                     continue
-                raise OpenAIError(first.status, first.message, param=first.param,
-                                  code=first.code, type=first.type)  # fmt: skip
-            return stream, first
+                raise OpenAIError(503, UNAVAILABLE, code="replica_unhealthy",
+                                  headers={"Retry-After": "1"})  # fmt: skip
+            return stream, head
         raise AssertionError("unreachable")
 
     async def _next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
-        """The stream's next item, or a 504 once the request's deadline has cancelled it."""
+        """The reply's next item, or a 504 once the request's deadline has cancelled it."""
         try:
             return await stream.__anext__()
         except RequestCancelledError:
@@ -334,61 +410,73 @@ class Router:
             raise OpenAIError(504, "the request's deadline passed during generation",
                               code="deadline_exceeded") from None  # fmt: skip
 
-    async def _chunks(self, s: OpenStream) -> AsyncIterator[dict[str, Any]]:
-        """OpenAI stream chunks; raises OpenAIError if the engine fails mid-stream."""
-        done = False
+    async def _parts(self, r: OpenReply) -> AsyncIterator[bytes]:
+        """The reply's bytes as they come; raises OpenAIError if it fails midway."""
         try:
-            for c in s.builder.add(s.first):
-                yield c
+            if r.head.body:
+                yield r.head.body
             while True:
                 try:
-                    item = await self._next(s.rest, s.ticket)
+                    item = await self._next(r.rest, r.ticket)
                 except StopAsyncIteration:
-                    break
+                    raise OpenAIError(503, "the model replica ended the reply early; retry",
+                                      headers={"Retry-After": "1"}) from None  # fmt: skip
                 except (OpenAIError, asyncio.CancelledError):
                     raise
-                except Exception as e:  # the replica or its engine died mid-generation
-                    logger.warning("request %s failed during generation: %r", s.builder.id, e)
+                except Exception as e:  # the replica or its engine died mid-reply
+                    r.replica_failed = True
+                    logger.warning("request %s failed during generation: %r", r.trail.request_id,
+                                   e)  # fmt: skip
                     raise OpenAIError(503, "the model replica failed during generation; retry",
                                       headers={"Retry-After": "1"}) from None  # fmt: skip
-                if isinstance(item, GenerationError):
-                    raise OpenAIError(item.status, item.message, param=item.param, type=item.type)
-                for c in s.builder.add(item):
-                    yield c
-            done = True
-            if s.include_usage:
-                yield s.builder.usage_chunk()
+                if isinstance(item, ReplyEnd):
+                    r.end = item
+                    if item.body:
+                        yield item.body
+                    return
+                yield item
         finally:
-            if not done:
-                s.rest.cancel()  # aborts the engine request and frees its KV blocks
-            usage = s.builder.usage()
-            s.span.set_attribute("llmserve.completion_tokens", usage["completion_tokens"])
-            s.span.set_attribute("llmserve.completed", done)
-            s.span.end()
-            s.trail.num_completion_tokens = usage["completion_tokens"]
-            self._gate.finish(s.ticket, usage["total_tokens"])
-            self._dispatched.pop(s.ticket.entry_id, None)
+            self._settle(r)
 
-    async def _collect(self, s: OpenStream) -> dict[str, Any]:
-        async for _ in self._chunks(s):
-            pass
-        return s.builder.response()
+    def _settle(self, r: OpenReply) -> None:
+        """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""
+        self._dispatched.pop(r.ticket.entry_id, None)
+        end = r.end
+        if end is None:
+            r.rest.cancel()  # aborts the engine request and frees its KV blocks
+            # What a reply cut short used is unknown: a client that left (or ran out of time)
+            # is charged what it reserved, so leaving is no way around the limit; a replica's
+            # failure costs the tenant nothing.
+            used = 0 if r.replica_failed else r.ticket.num_reserved_tokens
+            self._gate.finish(r.ticket, used)
+        else:
+            u = end.usage
+            r.trail.num_prompt_tokens = u.num_prompt_tokens
+            r.trail.num_completion_tokens = u.num_completion_tokens
+            if not r.head.is_stream and u.first_output_s is not None:
+                r.trail.first_s = r.dispatched_s + u.first_output_s
+                r.trail.generation_s = (u.last_output_s or u.first_output_s) - u.first_output_s
+            self._gate.finish(r.ticket, u.num_total_tokens)
+        r.span.set_attribute("llmserve.completion_tokens", r.trail.num_completion_tokens)
+        r.span.set_attribute("llmserve.completed", end is not None and not end.failed)
+        r.span.end()
 
-    async def _sse_events(
-        self, s: OpenStream, trail: RequestTrail
-    ) -> AsyncIterator[ServerSentEvent]:
+    async def _collect(self, r: OpenReply) -> bytes:
+        return b"".join([part async for part in self._parts(r)])
+
+    async def _sse(self, r: OpenReply) -> AsyncIterator[bytes]:
         outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
         try:
-            async for chunk in self._chunks(s):
-                yield sse(chunk)
-            outcome = ("ok", "")
+            async for part in self._parts(r):
+                yield part
+            outcome = ("ok", "") if not r.end.failed else ("500", "engine_error")
         except OpenAIError as e:
             outcome = outcome_of(e)
-            yield sse(e.body(), event="error")
+            yield sse_error(e)
         except Exception:  # a bug of ours: still end the stream the way clients expect
-            logger.exception("stream %s failed", s.builder.id)
+            logger.exception("stream %s failed", r.trail.request_id)
             outcome = ("500", "")
-            yield sse(OpenAIError(500, "internal server error").body(), event="error")
+            yield sse_error(OpenAIError(500, "internal server error"))
         finally:
-            trail.finish(*outcome)
-        yield sse("[DONE]")
+            r.trail.finish(*outcome)
+

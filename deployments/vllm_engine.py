@@ -1,33 +1,39 @@
-"""The vLLM implementation of the engine seam: one AsyncLLM (V1 engine) per replica.
+"""The vLLM implementation of the engine seam: `vllm serve`, in-process, without its socket.
 
-The only module that imports vllm. It renders chat prompts with the model's own chat template,
-checks the prompt against the context window before the engine sees it, streams deltas, and aborts
-the engine request whenever the consumer stops reading (client gone, deadline, cancellation).
+The only module that imports vllm. It parses the model's flags with vLLM's own argument parser
+(the argv `vllm serve` would get, from serve_app/vllm_args.py), starts one AsyncLLM (V1 engine)
+and builds vLLM's own FastAPI app and serving state over it (`build_app`, `init_app_state`), so
+every request is validated, answered and streamed by vLLM's code: logprobs, structured output,
+tool calls and vLLM's extra parameters work as they do against `vllm serve`.
+
+Two things are added around the engine: each request's token counts go to `request_usage` (the
+Router settles the tenant's token bucket from them), and the engine's scheduler reports are kept
+for routing (running, waiting, KV usage).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, AsyncIterator
+import time
+import types
+from typing import Any
 
-from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.exceptions import VLLMValidationError
-from vllm.inputs import TokensPrompt
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.app import build_app
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
+from deployments.engine import request_usage
+from serve_app import vllm_args
 from serve_app.config import ModelConfig
-from serve_app.generation import (
-    ChoiceDelta,
-    EngineStats,
-    GenerationChunk,
-    GenerationError,
-    GenerationRequest,
-)
+from serve_app.replica_call import FORWARDED_PATHS, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +54,38 @@ class _LastSchedulerStats(StatLoggerBase):
         pass
 
 
+def _count_usage(generate):
+    """AsyncLLM.generate, adding each request's tokens to the Usage of the request in context."""
+
+    async def counted(prompt, sampling_params, request_id, *args, **kwargs):
+        usage = request_usage.get()
+        if usage is None:
+            async for out in generate(prompt, sampling_params, request_id, *args, **kwargs):
+                yield out
+            return
+        cumulative = sampling_params.output_kind == RequestOutputKind.CUMULATIVE
+        seen: dict[int, int] = {}  # tokens so far per choice
+        start = time.monotonic()
+        first = True
+        async for out in generate(prompt, sampling_params, request_id, *args, **kwargs):
+            if first and out.prompt_token_ids is not None:
+                usage.num_prompt_tokens += len(out.prompt_token_ids)
+            first = False
+            for o in out.outputs:
+                n = len(o.token_ids)
+                new = n - seen.get(o.index, 0) if cumulative else n
+                seen[o.index] = n if cumulative else seen.get(o.index, 0) + n
+                if new:
+                    usage.num_completion_tokens += new
+                    now = time.monotonic() - start
+                    if usage.first_output_s is None:
+                        usage.first_output_s = now
+                    usage.last_output_s = now
+            yield out
+
+    return counted
+
+
 class VLLMEngine:
     def __init__(self, model: ModelConfig, model_path: str) -> None:
         self._model = model
@@ -55,127 +93,40 @@ class VLLMEngine:
         self._engine: AsyncLLM | None = None
         # A subclass per engine so two engines in one process never share their latest stats.
         self._stats_logger = type("_Stats", (_LastSchedulerStats,), {"latest": None})
+        self.app: Any = None
+        self.paths: frozenset[str] = frozenset()
         self.max_model_len = 0
-        self._by_priority = model.engine.scheduling_policy == "priority"
 
     async def start(self) -> None:
-        cfg = self._model.engine
-        if cfg.cpu_kv_cache_space_gib is not None:
-            # Read by vLLM's CPU worker when it sizes the KV cache; set before the engine starts.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_space_gib)
-        args = AsyncEngineArgs(
-            model=self._model_path,
-            served_model_name=[self._model.name],
-            disable_log_stats=False,
-            **cfg.engine_kwargs(),
-        )
+        launch = vllm_args.launch(self._model, self._model_path)
+        os.environ.update(launch.env)  # read by vLLM's CPU worker when it sizes the KV cache
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(launch.argv)
+        validate_parsed_serve_args(args)
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         # vLLM's own metrics (running/waiting, KV usage, prefix-cache hits, TTFT, inter-token
         # latency) go out through Ray's metrics pipeline as ray_vllm_*, beside ours.
-        self._engine = AsyncLLM.from_engine_args(
-            args, stat_loggers=[self._stats_logger, RayPrometheusStatLogger]
+        self._engine = AsyncLLM.from_vllm_config(
+            vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[self._stats_logger, RayPrometheusStatLogger],
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats,
         )
+        self._engine.generate = _count_usage(self._engine.generate)
+        tasks = await self._engine.get_supported_tasks()
+        self.app = build_app(args, tasks, self._engine.model_config)
+        await init_app_state(self._engine, self.app.state, args, tasks)
+        # vLLM's engine-error handler tells its uvicorn server to stop through state.server;
+        # there is none here (the replica's watchdog replaces a dead engine), but the read must
+        # succeed, or an AttributeError replaces the engine's error in the answer.
+        self.app.state.server = types.SimpleNamespace()
+        # What vLLM mounted for this model's tasks (no /v1/embeddings for a generative model).
+        mounted = {getattr(r, "path", None) for r in self.app.routes}
+        self.paths = frozenset(p for p in FORWARDED_PATHS if p in mounted)
         self.max_model_len = self._engine.model_config.max_model_len
-        logger.info("engine for %s ready, max_model_len=%d", self._model.name, self.max_model_len)
-
-    def _tokenize(self, request: GenerationRequest) -> list[int]:
-        tokenizer = self._engine.get_tokenizer()
-        if request.messages is not None:
-            text = tokenizer.apply_chat_template(
-                request.messages, tokenize=False, add_generation_prompt=True
-            )
-            return tokenizer.encode(text, add_special_tokens=False)
-        if isinstance(request.prompt, list):
-            return list(request.prompt)
-        return tokenizer.encode(request.prompt or "")
-
-    def _sampling_params(self, request: GenerationRequest, num_prompt_tokens: int) -> SamplingParams:
-        room = self.max_model_len - num_prompt_tokens
-        max_tokens = request.max_tokens
-        if max_tokens is None:
-            max_tokens = min(self._model.max_tokens_default, room)
-        elif max_tokens > room:
-            raise VLLMValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
-                f"the prompt, {max_tokens} for the completion). Please reduce the length of the "
-                "prompt or max_tokens.",
-                parameter="max_tokens",
-            )
-        return SamplingParams(
-            **request.sampling, max_tokens=max_tokens, output_kind=RequestOutputKind.DELTA
-        )
-
-    def _validate(self, request: GenerationRequest) -> tuple[list[int], SamplingParams]:
-        try:
-            ids = self._tokenize(request)
-        except Exception as e:  # chat template errors (bad roles, ...) are the caller's input
-            raise VLLMValidationError(f"could not render the prompt: {e}", parameter="messages")
-        if not ids:
-            raise VLLMValidationError("the prompt is empty", parameter="prompt")
-        if len(ids) >= self.max_model_len:
-            param = "messages" if request.messages is not None else "prompt"
-            raise VLLMValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your {param} resulted in {len(ids)} tokens. Please reduce the length of the "
-                f"{param}.",
-                parameter=param,
-            )
-        try:
-            return ids, self._sampling_params(request, len(ids))
-        except VLLMValidationError:
-            raise
-        except (ValueError, TypeError) as e:
-            raise VLLMValidationError(str(e)) from e
-
-    async def generate(
-        self, request: GenerationRequest
-    ) -> AsyncIterator[GenerationChunk | GenerationError]:
-        assert self._engine is not None, "start() first"
-        try:
-            ids, params = self._validate(request)
-        except VLLMValidationError as e:
-            yield GenerationError(400, e.args[0], param=e.parameter)
-            return
-        finished = False
-        first = True
-        try:
-            async for out in self._engine.generate(
-                TokensPrompt(prompt_token_ids=ids),
-                params,
-                request.request_id,
-                # vLLM refuses a non-zero priority unless it schedules by priority.
-                priority=request.priority if self._by_priority else 0,
-                # Joins vLLM's own spans to the request's trace when vLLM exports them.
-                trace_headers=request.trace_headers,
-            ):
-                choices = [
-                    ChoiceDelta(
-                        index=o.index,
-                        text=o.text,
-                        num_tokens=len(o.token_ids),
-                        finish_reason=o.finish_reason,
-                        stop_reason=o.stop_reason,
-                    )
-                    for o in out.outputs
-                ]
-                prompt_text = None
-                if first and request.echo:
-                    prompt_text = self._engine.get_tokenizer().decode(ids)
-                first = False
-                finished = out.finished
-                yield GenerationChunk(choices, len(ids), prompt_text)
-        except VLLMValidationError as e:
-            # Raised by the engine's own input checks before any output.
-            yield GenerationError(400, e.args[0], param=e.parameter)
-        finally:
-            if not finished:
-                # The consumer went away (client disconnect, deadline, cancel): free the KV
-                # blocks now rather than when the engine notices.
-                await self._engine.abort(request.request_id)
-
-    async def abort(self, request_id: str) -> None:
-        if self._engine is not None:
-            await self._engine.abort(request_id)
+        logger.info("engine for %s ready: tasks %s, max_model_len=%d", self._model.name, tasks,
+                    self.max_model_len)  # fmt: skip
 
     def stats(self) -> EngineStats:
         engine = self._engine
@@ -188,7 +139,8 @@ class VLLMEngine:
             # With no request left every KV block is free (cached prefixes count as free).
             running, waiting, kv = 0, 0, 0.0
         else:
-            running, waiting, kv = latest.num_running_reqs, latest.num_waiting_reqs, latest.kv_cache_usage
+            running, waiting = latest.num_running_reqs, latest.num_waiting_reqs
+            kv = latest.kv_cache_usage
         return EngineStats(
             num_running=running,
             num_waiting=waiting,

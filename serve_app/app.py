@@ -14,6 +14,7 @@ from ray.serve.config import RequestRouterConfig
 from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source
+from serve_app.ray_env import REPLICA_ENV
 from serve_app.config import AppConfig, ModelConfig
 
 
@@ -103,7 +104,7 @@ def build_app(args: dict[str, Any]) -> Application:
             ray_actor_options={
                 "num_cpus": d.num_cpus,
                 "num_gpus": d.num_gpus,
-                "runtime_env": {"env_vars": d.env_vars} if d.env_vars else {},
+                "runtime_env": {"env_vars": {**REPLICA_ENV, **d.env_vars}},
                 **({"resources": dict(d.resources)} if d.resources else {}),
             },
         ).bind(model, str(cache_dir), tracing=config.tracing,
@@ -120,5 +121,5 @@ def build_app(args: dict[str, Any]) -> Application:
         # stops first, and requests arriving meanwhile wait in the proxy, where no deadline
         # applies (the chaos suite saw them hang for as long as the new Router took to start).
         max_surge_percent=100,
-        ray_actor_options={"num_cpus": r.num_cpus},
+        ray_actor_options={"num_cpus": r.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
     ).bind(config.model_dump(), handles)

@@ -5,6 +5,7 @@
     llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
                     [--interval 2] [--once] [--timeout-s 5]  # live per-model view: replicas,
                     # queue, TTFT, tokens/s; --timeout-s bounds each HTTP call
+    llmserve ray-env                     # `export` lines of the Ray environment to start Ray under
     llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
                   [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--timeout-s", type=float, default=5.0,
                     help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
                     "export); raise it for a loaded host (default 5)")  # fmt: skip
+    sub.add_parser("ray-env", help="export lines for Ray's throughput-optimized mode "
+                   "(serve_app/ray_env.py); `eval` them before `ray start`")
     pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
     pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     pl.add_argument("--device-memory", type=_size_arg,
@@ -194,6 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         except (ValidationError, OSError, yaml.YAMLError) as e:
             print(f"llmserve plan: {e}", file=sys.stderr)
             return 1
+    if args.command == "ray-env":
+        import shlex
+
+        from serve_app import ray_env
+
+        for key, value in ray_env.cluster_env().items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
     if args.command == "status":
         from serve_app import status
 

@@ -65,6 +65,36 @@ class EngineConfig(Strict):
         return kwargs
 
 
+class ServerConfig(Strict):
+    """vLLM's OpenAI server flags for this model: what `vllm serve` takes besides engine args.
+
+    Named and `required` tool choice and `"auto"` tool calls need a tool-call parser that fits the
+    model's chat template (vLLM's `--tool-call-parser`); reasoning models need a reasoning parser.
+    """
+
+    chat_template: str | None = Field(default=None, description="A file or an inline template.")
+    response_role: str = "assistant"
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Other `vllm serve` flags, by their argument names."
+    )
+
+    @model_validator(mode="after")
+    def _auto_tools_need_a_parser(self) -> "ServerConfig":
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("server.enable_auto_tool_choice needs server.tool_call_parser")
+        return self
+
+    def server_kwargs(self) -> dict[str, Any]:
+        kwargs = self.model_dump(exclude={"extra"}, exclude_none=True)
+        clash = set(kwargs) & set(self.extra)
+        if clash:
+            raise ValueError(f"server.extra repeats typed fields {sorted(clash)}; set them directly")
+        return {**kwargs, **self.extra}
+
+
 class AutoscalingOptions(Strict):
     """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas."""
 
@@ -111,6 +141,12 @@ class DeploymentOptions(Strict):
     health_check_period_s: float = Field(default=10.0, gt=0)
     health_check_timeout_s: float = Field(default=30.0, gt=0)
     env_vars: dict[str, str] = Field(default_factory=dict)
+    stream_flush_ms: float = Field(
+        default=50.0, ge=0, le=1000,
+        description="A replica sends a stream's bytes at most once per this many ms (the first "
+        "at once): several tokens per Ray item, so the relay costs little CPU per token. 0: "
+        "every write at once.",
+    )
     cpu_nice: int = Field(
         default=0, ge=0, le=19,
         description="Niceness of the replica and its engine process. Raise it where replicas "
@@ -158,6 +194,7 @@ class ModelConfig(Strict):
         f"{', '.join(quantization.OFFLINE_SCHEMES)} (compressed-tensors, data-free).",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     max_tokens_default: int = Field(
         default=256, gt=0, description="max_tokens when a request gives none."

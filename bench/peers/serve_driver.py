@@ -77,6 +77,10 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
 
+    if args.system == "llmserve":  # the platform's own Ray environment (serve_app/ray_env.py)
+        from serve_app import ray_env
+
+        ray_env.apply(args.port + 1)
     import ray
     from ray import serve
 

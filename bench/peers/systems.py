@@ -34,6 +34,7 @@ import httpx
 import psutil
 
 from bench.peers.spec import ROOT, TENANTS, Model, platform_app_args
+from serve_app.vllm_args import flags
 
 
 class SystemFailed(RuntimeError):
@@ -221,7 +222,7 @@ class BareVLLM(System):
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(self.model.path), "--served-model-name", self.model.name,
                 "--host", "127.0.0.1", "--port", str(self.port),
-                *engine_flags(self.model.engine_args)]  # fmt: skip
+                *flags(self.model.engine_args)]  # fmt: skip
         env = {}
         if self.model.kv_cache_space_gib:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.model.kv_cache_space_gib)
@@ -233,22 +234,6 @@ CLASSES = {cls.name: cls for cls in (Platform, RayServeLLM, BareVLLM)}
 
 def make(name: str, model: Model, port: int, work_dir: Path, config_path: Path) -> System:
     return CLASSES[name](model, port, work_dir, config_path)
-
-
-def engine_flags(engine_args: dict[str, Any]) -> list[str]:
-    """AsyncEngineArgs fields as vLLM CLI flags: `max_num_seqs=32` -> `--max-num-seqs 32`."""
-    out: list[str] = []
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, (dict, list)):
-            out += [flag, json.dumps(value)]
-        else:
-            out += [flag, str(value)]
-    return out
 
 
 def port_is_free(port: int) -> bool:

@@ -60,7 +60,8 @@ SELF_CONTAINED = ("test_bench_smoke.py", "test_chaos.py")
 # Modules with engines of their own on the session's Ray, run before the shared apps start: the
 # idle shared apps (three engines, two apps' Routers) hold ~115% of one of the two cores, which
 # made these modules' engines start and serve about half as fast.
-OWN_ENGINES = ("test_memory_plan.py", "test_routing.py", "test_autoscaling.py")
+OWN_ENGINES = ("test_memory_plan.py", "test_routing.py", "test_autoscaling.py",
+               "test_vllm_parity.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -207,6 +208,9 @@ def otlp():
 @pytest.fixture(scope="session")
 def serve_cluster():
     """Starts Ray and Serve's proxy once; yields the base URL. Apps come from their modules."""
+    from serve_app import ray_env
+
+    ray_env.apply(PORT + 1)  # before Ray starts: every Ray process reads it at start
     import ray
     from ray import serve
 
@@ -244,7 +248,10 @@ def openapi(serve_app) -> dict:
     doc = r.json()
     for path in (CHAT, COMPLETIONS):
         op = doc["paths"][path]["post"]
-        assert op["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"]
+        # vLLM's own request schema, every field and the platform's `timeout`.
+        ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        props = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+        assert {"model", "max_tokens", "logprobs", "timeout"} <= set(props), sorted(props)
         assert {"400", "404", "413", "429", "503", "504"} <= set(op["responses"])
     return doc
 

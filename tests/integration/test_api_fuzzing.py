@@ -1,11 +1,14 @@
 """The HTTP API fuzzed from its own OpenAPI schema, against the live app.
 
-Bodies drawn from the app's /openapi.json (the Router documents each route's body and errors
-there), both breaking the schema and keeping to it, drive the real tiny model (engine validation
-paths) and the simulated one behind two Router replicas. Every answer must be one that DESIGN.md
-documents (200, or an OpenAI-shaped 400, 401, 404, 413, 429, 503, 504), never a 500 and never a
-hang; afterwards the engines hold no request and /healthz says so. The number of examples is
-bounded so that the run stays short. The targeted abuses are test_hostile_input.py's.
+Bodies drawn from the app's /openapi.json (vLLM's own request schemas, every field, with the
+platform's `timeout`), both breaking the schema and keeping to it, drive the real tiny model and
+the simulated one behind two Router replicas. Token ids (prompts, stop_token_ids) and logit_bias
+are drawn over their full ranges. Every answer must be one that DESIGN.md documents (200, or an
+OpenAI-shaped 400, 401, 404, 413, 429, 503 with Retry-After, 504), never a 500 and never a hang;
+afterwards the engines hold no request and /healthz says so. (vLLM reads some values leniently,
+`"stream": "true"` among them, so a body that breaks the schema may be served, as `vllm serve`
+serves it.) The number of examples is bounded so that the run stays short. The targeted abuses
+are test_hostile_input.py's.
 """
 
 from __future__ import annotations
@@ -19,12 +22,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
 from serve_app.config import TenantConfig
 from tests.integration.conftest import CHAT, COMPLETIONS, SIM_PREFIX, TINY
@@ -39,11 +37,10 @@ CLIENT_TIMEOUT_S = 120
 # the 200s that the within-limits runs count.
 FUZZ_DEADLINE_S = 10
 MAX_TIMEOUT_S = TenantConfig.model_fields["max_timeout_s"].default  # neither app's tenants set one
-# Schemathesis' own checks: a status and a body the schema documents, and every body that breaks
-# the schema refused with a 4xx. (Its `not_a_server_error` would count the documented 503 and 504;
-# `DOCUMENTED` is the stricter list.)
-CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
-          negative_data_rejection]  # fmt: skip
+# Schemathesis' own checks: a status and a content type the schema documents. (Its
+# `negative_data_rejection` would fail on values vLLM reads leniently; `not_a_server_error` would
+# count the documented 503 and 504: `DOCUMENTED` is the stricter list.)
+CHECKS = [status_code_conformance, content_type_conformance]
 
 
 def _int(lo: int, hi: int, nullable: bool = True) -> dict:
@@ -51,27 +48,29 @@ def _int(lo: int, hi: int, nullable: bool = True) -> dict:
     return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
 
 
-# Limits that this deployment adds to the schema (http.max_n, the context window, the stop-string
-# rules, token ids): positive bodies drawn within them reach the engine instead of a 400.
+I64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+# Limits that this deployment adds to the schema (http.max_n, small max_tokens so that a body
+# runs in a blink): positive bodies drawn within them reach the engine instead of a 400. Token
+# ids and logit_bias keep their full ranges.
 DEPLOYMENT_LIMITS = {
     "n": _int(1, 8, nullable=False),
-    "best_of": {"type": "null"},
     "max_tokens": _int(1, 16, nullable=False),
     "max_completion_tokens": _int(1, 16),
     "min_tokens": _int(0, 1),
-    "stop": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 256},
-                       {"type": "array", "maxItems": 16,
-                        "items": {"type": "string", "minLength": 1, "maxLength": 256}},
-                       {"type": "null"}]},
-    "stop_token_ids": {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 0,
-                                                             "maximum": 40000}}, {"type": "null"}]},
-    "logit_bias": {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,4}$"},
-                              "additionalProperties": {"type": "number", "minimum": -100,
-                                                       "maximum": 100}}, {"type": "null"}]},
+    "stop_token_ids": {"anyOf": [{"type": "array", "items": I64}, {"type": "null"}]},
+    "logit_bias": {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^-?[0-9]{1,20}$"},
+                              "additionalProperties": {"type": "number"}}, {"type": "null"}]},
     "prompt": {"anyOf": [{"type": "string", "minLength": 1},
-                         {"type": "array", "minItems": 1, "maxItems": 64,
-                          "items": {"type": "integer", "minimum": 0, "maximum": 40000}}]},
+                         {"type": "array", "minItems": 1, "maxItems": 64, "items": I64}]},
 }  # fmt: skip
+
+
+def request_schema(doc: dict, path: str) -> dict:
+    """The (mutable) schema of a route's body in `doc`, following a $ref into components."""
+    body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    ref = body.get("$ref") or next((a["$ref"] for a in body.get("anyOf", []) if "$ref" in a),
+                                   None)  # fmt: skip
+    return doc["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else body
 
 
 def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesis.BaseSchema:
@@ -80,8 +79,9 @@ def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesi
     deployment's limits, with `max_tokens` required and small so that a body runs in a blink."""
     doc = copy.deepcopy(doc)
     for path in (CHAT, COMPLETIONS):
-        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        body = request_schema(doc, path)
         body["properties"]["model"] = {"type": "string", "enum": [model]}
+        body["required"] = sorted({*body.get("required", []), "model"})
         if within_limits:
             for name, schema in DEPLOYMENT_LIMITS.items():
                 if name in body["properties"]:
@@ -117,6 +117,8 @@ def fuzz(schema, path: str, url: str, mode: GenerationMode, num_examples: int,
         r = case.call(base_url=url, headers=headers, timeout=limit_s)
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         assert r.status_code in DOCUMENTED, (r.status_code, r.text[:300], case.body)
+        if r.status_code == 503:  # overloaded or no replica: only with when to come back
+            assert r.headers.get("retry-after"), r.headers
         case.validate_response(r, checks=CHECKS)
         if r.status_code != 200:
             err = r.json()["error"]

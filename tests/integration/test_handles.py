@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from ray import serve
 
-from serve_app.generation import GenerationChunk, GenerationError, GenerationRequest
+import json
+
 from serve_app.openai_protocol import OpenAIError
+from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, llm_handle
 
 PARIS = [
@@ -36,12 +38,21 @@ def test_router_handle_raises_openai_errors(serve_app):
     assert info.value.status == 404
 
 
-def test_llm_server_handle_streams_generation_chunks(serve_app):
-    req = GenerationRequest("handle-test-1", messages=PARIS, sampling={"temperature": 0},
-                            max_tokens=16)  # fmt: skip
-    items = list(llm_handle(DEFAULT).options(stream=True).generate.remote(req))
-    assert all(isinstance(i, GenerationChunk) for i in items) and len(items) > 1
-    assert "Paris" in "".join(c.text for i in items for c in i.choices)
-    bad = GenerationRequest("handle-test-2", prompt="x", max_tokens=10**6)
-    (err,) = list(llm_handle(DEFAULT).options(stream=True).generate.remote(bad))
-    assert isinstance(err, GenerationError) and err.status == 400
+def _forward(body: dict, request_id: str) -> list:
+    req = ReplicaRequest(request_id, "/v1/chat/completions", json.dumps(body).encode(),
+                         (("content-type", "application/json"),))
+    return list(llm_handle(DEFAULT).options(stream=True).generate.remote(req))
+
+
+def test_llm_server_handle_answers_with_vllms_own_server(serve_app):
+    head, *middle, end = _forward({"model": DEFAULT, "messages": PARIS, "temperature": 0,
+                                   "max_tokens": 16, "stream": True}, "handle-test-1")
+    assert isinstance(head, ReplyHead) and isinstance(end, ReplyEnd)
+    assert head.status == 200 and head.is_stream
+    assert all(isinstance(p, bytes) for p in middle)
+    sse = (head.body + b"".join(middle) + end.body).decode()
+    assert "Paris" in sse and sse.endswith("data: [DONE]\n\n")
+    assert end.usage.num_completion_tokens > 0 and end.usage.num_prompt_tokens > 0
+    head, end = _forward({"model": DEFAULT, "messages": PARIS, "max_tokens": "many"},
+                         "handle-test-2")
+    assert head.status == 400 and json.loads(head.body)["error"]["code"] == 400

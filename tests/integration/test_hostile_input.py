@@ -2,12 +2,13 @@
 
 A prompt past the context window, bodies past the size limit (declared or sent in chunks), bodies
 that are not JSON objects (empty, invalid UTF-8, form data, 100000 levels of nesting, NaN),
-huge n, best_of and logprobs, stop strings that never match, and a wrong JSON type for every
-field of the served schema. Each gets its documented answer: a refusal (an OpenAI-shaped 400 or
-413, naming the field where there is one) about as fast as an empty body's, or a 200 for the
-largest values accepted; never a 500 and never a hang; afterwards the engines hold no request
-and /healthz says so. Sent on purpose, because fuzzing from the schema (test_api_fuzzing.py)
-seldom draws bodies of these sizes and shapes.
+integers past 64 bits, huge n and logprobs, stop strings that never match, and a wrong JSON type
+for every field of the served schema (vLLM's). The platform's own limits (body size, JSON, n,
+64-bit integers, timeout) are refused by the Router; every other field is vLLM's, answered by
+vLLM's own server as `vllm serve` answers it (the parity test compares the two). Either way:
+an OpenAI-shaped 4xx about as fast as an empty body's, or a 200; never a 500 and never a hang;
+afterwards the engines hold no request and /healthz says so. Sent on purpose, because fuzzing
+from the schema (test_api_fuzzing.py) seldom draws bodies of these sizes and shapes.
 """
 
 from __future__ import annotations
@@ -49,12 +50,11 @@ def test_prompt_past_the_context_window_is_a_400(http, base_url):
     for body in ({"model": TINY, "prompt": list(range(100, 1200)), "max_tokens": 4},  # 1100 ids
                  {"model": TINY, "prompt": "word " * 1500},
                  {"model": TINY, "messages": [{"role": "user", "content": "word " * 1500}]},
-                 {"model": TINY, "prompt": "Hi", "max_tokens": 1024}):  # fmt: skip
+                 {"model": TINY, "prompt": "Hi", "max_tokens": 5000}):  # fmt: skip
         t0 = time.monotonic()
         path = CHAT if "messages" in body else COMPLETIONS
         err = assert_openai_error(http.post(path, json=body), 400)
-        assert "maximum context length is 1024" in err["message"]
-        assert err["param"] in ("prompt", "messages", "max_tokens")
+        assert "1024" in err["message"], err  # vLLM's own words name the context window
         took.append(time.monotonic() - t0)
     print(f"\nrefused in {[round(t, 2) for t in took]} s; bound {fast_s:.2f} s")
     assert max(took) < fast_s, took
@@ -102,7 +102,7 @@ def test_oversized_bodies_are_413_at_once_and_leave_no_memory(http):
     t0 = time.monotonic()
     r = http.post(CHAT, content=body.encode())
     fitting_s = time.monotonic() - t0
-    assert_openai_error(r, 400, "messages")
+    assert "maximum context length" in assert_openai_error(r, 400)["message"]
     rss_after = router_rss_bytes()
     print(f"\n1M messages ({len(million) / 1e6:.0f} MB): 413 in {declared_s:.2f} s; "
           f"~25 MB chunked: 413 in {chunked_s:.2f} s; {most} messages under the limit: 400 in {fitting_s:.2f} s; "
@@ -140,14 +140,14 @@ def test_bodies_that_are_not_json_objects_are_400s(http):
             r = http.post(path, content=content, headers=headers)
             assert_openai_error(r, 400)
             assert time.monotonic() - t0 < fast_s, (name, fast_s)
-    # JSON sent as text/plain is still JSON: served, as OpenAI's own server does.
+    # JSON sent as text/plain: vLLM's own server refuses the media type, and so do we.
     r = http.post(COMPLETIONS, content=json.dumps(tiny), headers={"content-type": "text/plain"})
-    assert r.status_code == 200, r.text
+    assert "Unsupported Media Type" in assert_openai_error(r, 400)["message"]
     assert http.get("/healthz").status_code == 200
     wait_idle(http)
 
 
-def test_huge_n_best_of_and_logprobs_are_refused(http):
+def test_huge_n_logprobs_and_wide_integers_are_refused(http):
     def chat(**kw):
         return {"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                 **kw}
@@ -155,39 +155,38 @@ def test_huge_n_best_of_and_logprobs_are_refused(http):
     def completion(**kw):
         return {"model": TINY, "prompt": "Hi", "max_tokens": 2, **kw}
 
-    refused = [
-        (CHAT, chat(n=10**6), "n"), (CHAT, chat(n=2**70), "n"), (CHAT, chat(n=0), "n"),
-        (COMPLETIONS, completion(best_of=10**6), "best_of"),
-        (COMPLETIONS, completion(n=2, best_of=10**9), "best_of"),
-        (COMPLETIONS, completion(n=2**64, best_of=2**64), "n"),
-        (CHAT, chat(logprobs=True), "logprobs"),
-        (CHAT, chat(logprobs=True, top_logprobs=20), "logprobs"),
+    refused = [  # (path, body, the param the refusal names, or None where vLLM names none)
+        # The Router's: n above http.max_n, integers past 64 bits (vLLM's server 500s on some).
+        (CHAT, chat(n=10**6), "n"), (CHAT, chat(n=2**70), None),
+        (COMPLETIONS, completion(seed=2**70), None), (COMPLETIONS, completion(top_k=10**23), None),
+        (COMPLETIONS, completion(prompt=[2**64]), None),
+        (COMPLETIONS, completion(stop_token_ids=[2**64]), None),
+        # vLLM's.
+        (CHAT, chat(n=0), None),
         (CHAT, chat(top_logprobs=10**9), "top_logprobs"),
         (CHAT, chat(top_logprobs=-1), "top_logprobs"),
-        (COMPLETIONS, completion(logprobs=5), "logprobs"),
         (COMPLETIONS, completion(logprobs=10**9), "logprobs"),
-        (COMPLETIONS, completion(seed=2**70), "seed"),
-        (COMPLETIONS, completion(top_k=10**23), "top_k"),
-        (COMPLETIONS, completion(prompt=[2**64]), "prompt"),
-        (COMPLETIONS, completion(stop_token_ids=[2**64]), "stop_token_ids.0"),
+        (COMPLETIONS, completion(prompt=[10**8]), None),  # out of the vocabulary
+        (COMPLETIONS, completion(logit_bias={"99999999": 1}), "logit_bias"),
     ]  # fmt: skip
     fast_s = max(5, 20 * refusal_baseline_s(http))
     for path, body, param in refused:
         t0 = time.monotonic()
         assert_openai_error(http.post(path, json=body), 400, param)
         assert time.monotonic() - t0 < fast_s, (body, fast_s)
-    # The largest accepted values are served.
-    r = http.post(COMPLETIONS, json=completion(n=8, best_of=8, logprobs=0, seed=2**63 - 1,
+    # The largest values accepted are served: 64-bit extremes, logprobs, n up to max_n.
+    r = http.post(COMPLETIONS, json=completion(n=8, logprobs=5, seed=2**63 - 1,
                                                top_k=2**63 - 1))  # fmt: skip
     assert r.status_code == 200, r.text
-    assert len(r.json()["choices"]) == 8
-    r = http.post(CHAT, json=chat(logprobs=False, top_logprobs=None))
+    assert len(r.json()["choices"]) == 8 and r.json()["choices"][0]["logprobs"]["tokens"]
+    r = http.post(CHAT, json=chat(logprobs=True, top_logprobs=20))
     assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 20
     wait_idle(http)
 
 
 def test_stop_strings_that_never_match_end_at_max_tokens(http):
-    stops = [f"{i:02d}" + "\u2603" * 254 for i in range(16)]  # 16 strings of 256 characters
+    stops = [f"{i:02d}" + "\u2603" * 254 for i in range(4)]  # vLLM's most: 4, of 256 chars
     plain = {"model": TINY, "prompt": "Hi", "max_tokens": 40, "ignore_eos": True}
     # The same request without stop strings, side by side: the host's speed now, not a constant.
     t0 = time.monotonic()
@@ -200,13 +199,11 @@ def test_stop_strings_that_never_match_end_at_max_tokens(http):
     body = r.json()
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 40
-    print(f"\n40 tokens: {t_plain:.2f} s without stop strings, {t_stop:.2f} s with 16")
+    print(f"\n40 tokens: {t_plain:.2f} s without stop strings, {t_stop:.2f} s with 4")
     assert t_stop < 3 * t_plain + 5
-    for stop, param in ((stops + ["x"], "stop"), (["x" * 257], "stop"), ([""], "stop"),
-                        ([5], "stop.0")):  # fmt: skip
-        err = assert_openai_error(http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi",
-                                                               "stop": stop}), 400)  # fmt: skip
-        assert err["param"].startswith("stop"), (param, err)
+    err = assert_openai_error(http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi",
+                                                           "stop": [5]}), 400)  # fmt: skip
+    assert "stop" in err["message"]
     wait_idle(http)
 
 
@@ -231,19 +228,33 @@ def _wrong_values(prop: dict) -> list:
     return wrong
 
 
-@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
-def test_wrong_types_for_every_field_are_400s_naming_the_field(openapi, http, path):
+def request_schema(openapi: dict, path: str) -> dict:
+    """The served request schema of a route (vLLM's, with $refs resolved one level)."""
     schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    ref = schema.get("$ref") or next((a["$ref"] for a in schema.get("anyOf", []) if "$ref" in a),
+                                     None)  # fmt: skip
+    return openapi["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_wrong_types_for_every_field_never_fail_the_server(openapi, http, path):
+    """A value of another JSON type for each of vLLM's fields: vLLM's own answer (a 400, or a
+    200 where vLLM reads the value leniently, as `"stream": "true"`), never a 500 or a hang."""
+    schema = request_schema(openapi, path)
     valid = ({"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
              if path == CHAT else {"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
     assert http.post(path, json=valid).status_code == 200
-    tried = []
+    statuses = []
     for field, prop in schema["properties"].items():
-        for value in _wrong_values(prop):
+        if field in ("stream", "n"):  # a lenient "true" streams; n is the Router's (above)
+            continue
+        for value in _wrong_values(prop)[:2]:
             r = http.post(path, json={**valid, field: value})
-            err = assert_openai_error(r, 400)
-            assert (err["param"] or "").split(".")[0] == field, (field, value, err)
-            tried.append(field)
-    print(f"\n{path}: {len(tried)} wrong-typed bodies over {len(set(tried))} fields, all 400")
-    assert len(set(tried)) == len(schema["properties"])
+            assert r.status_code < 500, (field, value, r.text[:300])
+            if r.status_code != 200:
+                assert_openai_error(r, r.status_code)
+            statuses.append(r.status_code)
+    print(f"\n{path}: {len(statuses)} wrong-typed bodies over {len(schema['properties'])} "
+          f"fields: {statuses.count(400)} refused, {statuses.count(200)} served")
+    assert statuses.count(400) > 20
     wait_idle(http)

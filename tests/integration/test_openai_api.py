@@ -107,23 +107,25 @@ CHAT = "/v1/chat/completions"
 @pytest.mark.parametrize(
     "body,status,param",
     [
+        # The platform's own fields.
         ({"model": "no-such-model", "messages": PARIS}, 404, "model"),
-        ({"model": DEFAULT, "messages": PARIS, "max_tokens": -5}, 400, "max_tokens"),
-        ({"model": DEFAULT}, 400, "messages"),
-        ({"model": DEFAULT, "messages": []}, 400, "messages"),
-        ({"model": DEFAULT, "messages": "hello"}, 400, "messages"),
-        ({"model": DEFAULT, "messages": [{"role": "wizard", "content": "x"}]}, 400,
-         "messages.0.role"),
-        ({"model": DEFAULT, "messages": PARIS, "temperature": "hot"}, 400, "temperature"),
-        ({"model": DEFAULT, "messages": PARIS, "n": 1000}, 400, "n"),
         ({"model": 42, "messages": PARIS}, 400, "model"),
+        ({"messages": PARIS}, 400, "model"),
+        ({"model": DEFAULT, "messages": PARIS, "n": 1000}, 400, "n"),
+        ({"model": DEFAULT, "messages": PARIS, "timeout": -1}, 400, "timeout"),
+        # vLLM's, answered by vLLM's own server in its own words (the parity test compares
+        # them with bare vLLM's).
+        ({"model": DEFAULT, "messages": PARIS, "max_tokens": -5}, 400, "max_tokens"),
+        ({"model": DEFAULT}, 400, "body.messages"),
+        ({"model": DEFAULT, "messages": "hello"}, 400, "body.messages"),
+        ({"model": DEFAULT, "messages": PARIS, "temperature": "hot"}, 400, "body.temperature"),
         ({"model": DEFAULT, "messages": PARIS, "max_tokens": 5000}, 400, "max_tokens"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_openai_errors(http, body, status, param):
     err = _assert_openai_error(http.post(CHAT, json=body), status, param)
-    if status == 404:
-        assert DEFAULT in err["message"] and TINY in err["message"]
+    if status == 404:  # one answer for "no such model" and "not yours": no model is named
+        assert "does not exist" in err["message"] and DEFAULT not in err["message"]
 
 
 def test_bad_bodies(http):
@@ -139,11 +141,12 @@ def test_bad_bodies(http):
 def test_prompt_longer_than_context_is_rejected(http):
     long_prompt = "word " * 3000  # > 2048 tokens, under the body limit
     r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": long_prompt})
-    err = _assert_openai_error(r, 400, "prompt")
+    err = _assert_openai_error(r, 400, "input_tokens")
     assert "maximum context length is 2048" in err["message"]
     r = http.post(CHAT, json={"model": DEFAULT, "messages": [{"role": "user",
                                                               "content": long_prompt}]})  # fmt: skip
-    _assert_openai_error(r, 400, "messages")
+    err = _assert_openai_error(r, 400)
+    assert "maximum context length is 2048" in err["message"]
 
 
 def test_server_keeps_serving_after_bad_input(http, client):

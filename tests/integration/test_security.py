@@ -104,10 +104,14 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
                                             "stream": True})):  # fmt: skip
         r = http.post(path, headers=tiny_only, json=body)
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-        # The same answer as a model that does not exist: nothing learnt about others' models.
-        assert DEFAULT not in r.json()["error"]["message"].replace(f"'{DEFAULT}'", "")
+        # The same answer, word for word, as a model that does not exist: nothing to learn
+        # about others' models by probing.
+        nope = http.post(path, headers=tiny_only, json={**body, "model": DEFAULT + "-nope"})
+        assert r.json()["error"] == {
+            **nope.json()["error"],
+            "message": nope.json()["error"]["message"].replace(DEFAULT + "-nope", DEFAULT)}
     r = http.post("/v1/completions", headers=tiny_only, json={"model": "nope", "prompt": "Hi"})
-    assert r.status_code == 404 and TINY in r.json()["error"]["message"]
+    assert r.status_code == 404 and TINY not in r.json()["error"]["message"]
     assert DEFAULT not in r.json()["error"]["message"], "a 404 named a model of other tenants"
     assert engine_stats(DEFAULT).extra["num_requests_total"] == served_before
     r = http.post("/v1/completions", headers=tiny_only,

@@ -9,6 +9,7 @@ ray = pytest.importorskip("ray")
 from serve_app.app import build_app, deployment_name  # noqa: E402
 from serve_app.config import ModelConfig  # noqa: E402
 from serve_app.model_source import ModelSourceError  # noqa: E402
+from serve_app.ray_env import REPLICA_ENV  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -68,10 +69,13 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     qwen = handles["qwen:0.5b"]._bound_deployment
     assert qwen.name == "llm-qwen_0.5b" and qwen.num_replicas == 2
     assert qwen.ray_actor_options["num_cpus"] == 2
-    assert qwen.ray_actor_options["runtime_env"] == {"env_vars": {"A": "1"}}
+    # The model's own env beside the replicas' execution model (serve_app/ray_env.py).
+    assert qwen.ray_actor_options["runtime_env"] == {"env_vars": {**REPLICA_ENV, "A": "1"}}
+    assert router.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV}
     model, cache_dir = qwen.init_args
     assert model.name == "qwen:0.5b" and cache_dir == str(tmp_path / "cache")
-    assert handles["tiny"]._bound_deployment.ray_actor_options["runtime_env"] == {}
+    assert handles["tiny"]._bound_deployment.ray_actor_options["runtime_env"] == {
+        "env_vars": REPLICA_ENV}
     assert ray.is_initialized() == ray_was_up  # building the app starts nothing
 
 

@@ -12,19 +12,10 @@ import yaml
 from bench.peers import report, scenarios
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
-from bench.peers.systems import System, engine_flags, port_is_free
+from bench.peers.systems import System, port_is_free
 from serve_app.config import DEFAULT_MODEL_NAME, AppConfig
 
 CONFIG = ROOT / "serve_config.yaml"
-
-
-def test_engine_args_become_vllm_cli_flags():
-    flags = engine_flags({"dtype": "bfloat16", "max_num_seqs": 32, "enforce_eager": True,
-                          "enable_prefix_caching": False, "quantization": None,
-                          "override_generation_config": {"a": 1}})  # fmt: skip
-    assert flags == ["--dtype", "bfloat16", "--max-num-seqs", "32", "--enforce-eager",
-                     "--no-enable-prefix-caching",
-                     "--override-generation-config", '{"a": 1}']  # fmt: skip
 
 
 @pytest.mark.parametrize("error, status", [

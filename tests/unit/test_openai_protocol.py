@@ -1,4 +1,10 @@
-"""OpenAI request parsing and error bodies (pure, no Ray, no vLLM)."""
+"""What the Router reads from and adds to a request body, and its error bodies (pure).
+
+The request itself is vLLM's (each replica answers with vLLM's own server): the Router reads only
+the model, the max_tokens it reserves for, n and its own `timeout`, and rewrites only the
+tenant's cap and priority. A field of vLLM's with an odd value is left as it came, for vLLM to
+answer as `vllm serve` would.
+"""
 
 from __future__ import annotations
 
@@ -8,242 +14,127 @@ import pickle
 import pytest
 
 from serve_app.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
+    MAX_TIMEOUT_S,
     OpenAIError,
+    RequestFields,
     parse_json_body,
-    parse_request,
+    read_fields,
+    rewrite_body,
 )
 
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def chat(**kw) -> dict:
-    return {"model": "m", "messages": MSGS, **kw}
+def fields(**body) -> RequestFields:
+    return read_fields({"model": "m", "messages": MSGS, **body}, max_n=8)
 
 
-def completion(**kw) -> dict:
-    return {"model": "m", "prompt": "Once upon", **kw}
+def refusal(body: dict) -> OpenAIError:
+    with pytest.raises(OpenAIError) as e:
+        read_fields(body, max_n=8)
+    assert e.value.status == 400
+    return e.value
 
 
-def parse_error(kind: str, body: dict) -> OpenAIError:
-    with pytest.raises(OpenAIError) as ei:
-        parse_request(kind, body).to_generation("req-1", max_n=8)
-    return ei.value
-
-
-# ------------------------------------------------------------------------------ bad requests
-
-
-@pytest.mark.parametrize(
-    "kind, body, param",
-    [
-        ("chat", {"model": "m"}, "messages"),
-        ("chat", {"messages": MSGS}, "model"),
-        ("chat", chat(messages=[]), "messages"),
-        ("chat", chat(messages="hi"), "messages"),
-        ("chat", chat(messages=[{"content": "x"}]), "messages.0.role"),
-        ("chat", chat(messages=[{"role": "robot", "content": "x"}]), "messages.0.role"),
-        ("chat", chat(messages=[{"role": "user", "content": 5}]), "messages.0.content"),
-        ("chat", chat(model=5), "model"),
-        ("chat", chat(max_tokens=-1), "max_tokens"),
-        ("chat", chat(max_tokens=0), "max_tokens"),
-        ("chat", chat(max_tokens="many"), "max_tokens"),
-        ("chat", chat(max_completion_tokens=0), "max_completion_tokens"),
-        ("chat", chat(temperature=2.5), "temperature"),
-        ("chat", chat(temperature="hot"), "temperature"),
-        ("chat", chat(top_p=0), "top_p"),
-        ("chat", chat(n=0), "n"),
-        ("chat", chat(stream="maybe"), "stream"),
-        ("chat", chat(stream_options={"include_usage": "x"}), "stream_options.include_usage"),
-        ("chat", chat(stop=5), "stop"),
-        ("chat", chat(stop=""), "stop"),
-        ("chat", chat(stop=["a"] * 17), "stop"),
-        ("chat", chat(stop=["x" * 257]), "stop"),
-        ("chat", chat(presence_penalty=3), "presence_penalty"),
-        ("chat", chat(top_k=-2), "top_k"),
-        ("chat", chat(min_p=1.5), "min_p"),
-        ("chat", chat(repetition_penalty=0), "repetition_penalty"),
-        ("chat", chat(stop_token_ids=["a"]), "stop_token_ids.0"),
-        ("chat", chat(logit_bias={"1": "up"}), "logit_bias.1"),
-        ("chat", chat(user="u" * 257), "user"),
-        ("completion", {"model": "m"}, "prompt"),
-        ("completion", completion(prompt=5), "prompt"),
-        ("completion", completion(prompt=[1, "a"]), "prompt"),
-        ("completion", completion(prompt={"text": "x"}), "prompt"),
-        ("completion", completion(best_of=0), "best_of"),
-        ("completion", completion(echo="loud"), "echo"),
-    ],
-)  # fmt: skip
-def test_invalid_request_is_400_naming_the_param(kind, body, param):
-    e = parse_error(kind, body)
-    assert (e.status, e.param) == (400, param)
-    assert e.body()["error"]["param"] == param
-    assert e.body()["error"]["type"] == "invalid_request_error"
-    assert param.split(".")[0] in e.message
-
-
-def test_missing_messages_says_it_is_required():
-    e = parse_error("chat", {"model": "m"})
-    assert e.message == "'messages' is a required property"
-
-
-@pytest.mark.parametrize(
-    "body, param",
-    [
-        (chat(temperature=float("nan")), "temperature"),
-        (chat(repetition_penalty=float("inf")), "repetition_penalty"),
-        (chat(frequency_penalty=float("-inf")), "frequency_penalty"),
-        (chat(logit_bias={"1": float("nan")}), "logit_bias.1"),
-    ],
-)
-def test_nan_and_infinity_are_rejected(body, param):
-    # Python's json.loads accepts NaN/Infinity; they must not reach the sampler.
-    body = parse_json_body(json.dumps(body).encode())  # the HTTP path, with NaN in the text
-    assert parse_error("chat", body).param == param
-
-
-@pytest.mark.parametrize(
-    "kind, body, param",
-    [
-        ("chat", chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        ("chat", chat(functions=[{"name": "f"}]), "functions"),
-        ("chat", chat(tool_choice="auto"), "tool_choice"),
-        ("chat", chat(logprobs=True), "logprobs"),
-        ("chat", chat(top_logprobs=2), "top_logprobs"),
-        ("chat", chat(audio={"voice": "x"}), "audio"),
-        ("chat", chat(response_format={"type": "json_object"}), "response_format"),
-        ("completion", completion(logprobs=3), "logprobs"),
-        ("completion", completion(suffix="end"), "suffix"),
-        ("completion", completion(n=1, best_of=3), "best_of"),
-        ("completion", completion(prompt=["a", "b"]), "prompt"),
-        ("completion", completion(prompt=[[1, 2], [3]]), "prompt"),
-    ],
-)  # fmt: skip
-def test_unsupported_parameters_are_400_unsupported_parameter(kind, body, param):
-    e = parse_error(kind, body)
-    assert (e.status, e.param, e.code) == (400, param, "unsupported_parameter")
-    assert e.body()["error"]["code"] == "unsupported_parameter"
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        chat(tools=[]), chat(tools=None), chat(logprobs=False), chat(tool_choice=None),
-        chat(response_format={"type": "text"}), chat(some_future_field={"x": 1}),
-    ],
-)  # fmt: skip
-def test_empty_or_default_unsupported_fields_and_unknown_fields_are_accepted(body):
-    gen = parse_request("chat", body).to_generation("r", max_n=8)
-    assert gen.messages == [{"role": "user", "content": "hi"}]
-
-
-@pytest.mark.parametrize("kind, make", [("chat", chat), ("completion", completion)])
-def test_n_above_max_n_is_rejected(kind, make):
-    with pytest.raises(OpenAIError) as ei:
-        parse_request(kind, make(n=5)).to_generation("r", max_n=4)
-    assert (ei.value.status, ei.value.param) == (400, "n")
-    assert "4" in ei.value.message
-    assert parse_request(kind, make(n=4)).to_generation("r", max_n=4).sampling["n"] == 4
-
-
-@pytest.mark.parametrize("prompt", ["", [], [""], [[]]])
-def test_empty_prompt_is_rejected(prompt):
-    e = parse_error("completion", completion(prompt=prompt))
-    assert (e.status, e.param) == (400, "prompt")
-
-
-# ------------------------------------------------------------------------------ good requests
-
-
-@pytest.mark.parametrize(
-    "prompt, expected",
-    [
-        ("hello", "hello"),
-        (["hello"], "hello"),  # a batch of one is unwrapped
-        ([1, 2, 3], [1, 2, 3]),  # token ids
-        ([[1, 2, 3]], [1, 2, 3]),
-    ],
-)
-def test_completion_prompt_forms(prompt, expected):
-    gen = parse_request("completion", completion(prompt=prompt, echo=True)).to_generation("r", 8)
-    assert gen.prompt == expected
-    assert gen.messages is None and gen.echo is True and gen.request_id == "r"
-
-
-def test_best_of_equal_to_n_is_accepted():
-    gen = parse_request("completion", completion(n=2, best_of=2)).to_generation("r", 8)
-    assert gen.sampling["n"] == 2
-
-
-def test_chat_messages_are_flattened_and_developer_becomes_system():
-    body = chat(messages=[
-        {"role": "developer", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-        {"role": "assistant", "content": None},
-    ])  # fmt: skip
-    gen = parse_request("chat", body).to_generation("r", 8)
-    assert gen.messages == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
-        {"role": "assistant", "content": ""},
-    ]
-    assert gen.prompt is None
+# ------------------------------------------------------------------------------- read_fields
 
 
 @pytest.mark.parametrize(
     "body, expected",
     [
-        (chat(), None),
-        (chat(max_tokens=7), 7),
-        (chat(max_completion_tokens=9), 9),
-        (chat(max_tokens=7, max_completion_tokens=9), 9),
+        ({}, RequestFields("m", None, 1, None)),
+        ({"max_tokens": 16}, RequestFields("m", 16, 1, None)),
+        ({"max_tokens": 16.0}, RequestFields("m", 16, 1, None)),  # JSON: 16.0 is 16
+        ({"max_completion_tokens": 8, "max_tokens": 16}, RequestFields("m", 8, 1, None)),
+        ({"n": 3, "timeout": 2.5}, RequestFields("m", None, 3, 2.5)),
+        ({"timeout": 60}, RequestFields("m", None, 1, 60.0)),
+        # vLLM's to refuse: read as "not given", forwarded untouched.
+        ({"max_tokens": "many"}, RequestFields("m", None, 1, None)),
+        ({"max_tokens": True}, RequestFields("m", None, 1, None)),
+        ({"max_tokens": -5}, RequestFields("m", None, 1, None)),
+        ({"n": "x"}, RequestFields("m", None, 1, None)),
+        ({"n": 0}, RequestFields("m", None, 1, None)),
     ],
 )
-def test_chat_max_tokens(body, expected):
-    gen = parse_request("chat", body).to_generation("r", 8)
-    assert gen.max_tokens == expected
-    assert "max_tokens" not in gen.sampling  # kept apart: None means the model default
+def test_fields_admission_reads(body, expected):
+    assert fields(**body) == expected
 
 
-def test_sampling_kwargs_pass_vllm_extras_through():
-    body = chat(
-        temperature=0.5, top_p=0.9, n=2, stop=["\n"], presence_penalty=0.1,
-        frequency_penalty=-0.2, seed=42, top_k=40, min_p=0.05, repetition_penalty=1.1,
-        ignore_eos=True, min_tokens=3, stop_token_ids=[2, 3], skip_special_tokens=False,
-        include_stop_str_in_output=True, logit_bias={"50256": -100, "7": 5},
-        user="alice", stream=True,
-    )  # fmt: skip
-    sampling = parse_request("chat", body).to_generation("r", 8).sampling
-    assert sampling == {
-        "temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["\n"], "presence_penalty": 0.1,
-        "frequency_penalty": -0.2, "seed": 42, "top_k": 40, "min_p": 0.05,
-        "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 3, "stop_token_ids": [2, 3],
-        "skip_special_tokens": False, "include_stop_str_in_output": True,
-        "logit_bias": {50256: -100.0, 7: 5.0},
-    }  # fmt: skip
-    assert all(type(k) is int for k in sampling["logit_bias"])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": MSGS}, "model"),
+        ({"model": 42, "messages": MSGS}, "model"),
+        ({"model": None, "messages": MSGS}, "model"),
+        ({"model": "m", "n": 9}, "n"),
+        ({"model": "m", "timeout": 0}, "timeout"),
+        ({"model": "m", "timeout": -1}, "timeout"),
+        ({"model": "m", "timeout": "5"}, "timeout"),
+        ({"model": "m", "timeout": True}, "timeout"),
+        ({"model": "m", "timeout": float("nan")}, "timeout"),
+        ({"model": "m", "timeout": float("inf")}, "timeout"),
+        ({"model": "m", "timeout": MAX_TIMEOUT_S + 1}, "timeout"),
+        # 400 digits: float() of it overflowed into a 500 once.
+        ({"model": "m", "timeout": int("9" * 400)}, "timeout"),
+    ],
+)
+def test_platform_fields_with_odd_values_are_400s(body, param):
+    e = refusal(body)
+    assert e.param == param and e.body()["error"]["code"] == "invalid_value"
 
 
-def test_sampling_kwargs_leave_unset_fields_to_vllm():
-    assert parse_request("chat", chat()).to_generation("r", 8).sampling == {"n": 1}
+# ------------------------------------------------------------------------------ rewrite_body
 
 
-@pytest.mark.parametrize("key", ["abc", "1.5", ""])
-def test_logit_bias_key_must_be_a_token_id(key):
-    e = parse_error("chat", chat(logit_bias={key: 1}))
-    assert (e.status, e.param) == (400, "logit_bias")
+def rewritten(body: dict, cap: int | None = None, priority: int | None = None,
+              default: int | None = None) -> dict:
+    return json.loads(rewrite_body(body, default_max_tokens=default, max_tokens_cap=cap,
+                                   priority=priority))
 
 
-def test_include_usage():
-    assert parse_request("chat", chat(stream_options={"include_usage": True})).include_usage
-    assert not parse_request("chat", chat(stream_options={"include_usage": False})).include_usage
-    assert not parse_request("chat", chat()).include_usage
+@pytest.mark.parametrize(
+    "body, cap, expected",
+    [
+        ({"model": "m"}, None, {"model": "m"}),
+        ({"model": "m"}, 16, {"model": "m", "max_tokens": 16}),
+        ({"model": "m", "max_tokens": 8}, 16, {"model": "m", "max_tokens": 8}),
+        ({"model": "m", "max_tokens": 99}, 16, {"model": "m", "max_tokens": 16}),
+        ({"model": "m", "max_completion_tokens": 99}, 16,
+         {"model": "m", "max_completion_tokens": 16}),
+        ({"model": "m", "max_completion_tokens": 99, "max_tokens": 99}, 16,
+         {"model": "m", "max_completion_tokens": 16, "max_tokens": 16}),
+        # Odd values stay odd, for vLLM's 400.
+        ({"model": "m", "max_tokens": "x"}, 16, {"model": "m", "max_tokens": "x"}),
+        ({"model": "m", "max_tokens": -3}, 16, {"model": "m", "max_tokens": -3}),
+    ],
+)
+def test_the_tenant_cap_applies_to_both_max_tokens_fields(body, cap, expected):
+    assert rewritten(body, cap) == expected
 
 
-def test_parse_request_returns_the_right_class():
-    assert isinstance(parse_request("chat", chat()), ChatCompletionRequest)
-    assert isinstance(parse_request("completion", completion()), CompletionRequest)
+@pytest.mark.parametrize(
+    "body, default, cap, expected",
+    [
+        ({}, 256, None, 256),  # the model's default where the request gives none
+        ({}, 256, 16, 16),  # a tenant's cap below it
+        ({"max_tokens": 500}, 256, None, 500),  # a default, not a cap
+    ],
+)
+def test_the_models_default_max_tokens(body, default, cap, expected):
+    assert rewritten({"model": "m", **body}, cap, default=default)["max_tokens"] == expected
+
+
+def test_priority_is_the_tenants_and_timeout_is_not_forwarded():
+    body = {"model": "m", "priority": -100, "timeout": 5, "logprobs": True}
+    assert rewritten(body, priority=2) == {"model": "m", "priority": 2, "logprobs": True}
+    # A model scheduled first-come first-served gets no priority field at all.
+    assert rewritten(body) == {"model": "m", "logprobs": True}
+
+
+def test_every_other_field_is_forwarded_as_it_came():
+    body = {"model": "m", "messages": MSGS, "tools": [{"type": "function"}], "top_k": 3,
+            "response_format": {"type": "json_object"}, "text": "\u00e9\ud800"}
+    assert rewritten(body) == body
 
 
 # ---------------------------------------------------------------------------- parse_json_body
@@ -271,6 +162,18 @@ def test_bad_json_body_is_400_not_a_crash(raw, words):
     assert ei.value.status == 400
     assert words in ei.value.message
     assert ei.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("literal", [str(2**63), str(-(2**63) - 1), "1" + "0" * 23])
+def test_integers_beyond_64_bits_are_400s_before_vllm_sees_them(literal):
+    with pytest.raises(OpenAIError) as e:
+        parse_json_body(b'{"model": "m", "top_k": ' + literal.encode() + b"}")
+    assert e.value.status == 400 and "64 bits" in e.value.message
+
+
+def test_64_bit_extremes_are_accepted():
+    body = parse_json_body(f'{{"seed": {2**63 - 1}, "x": [{-(2**63)}]}}'.encode())
+    assert body == {"seed": 2**63 - 1, "x": [-(2**63)]}
 
 
 def test_json_body_object_is_returned():

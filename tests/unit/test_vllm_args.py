@@ -1,0 +1,53 @@
+"""The argv a replica gives vLLM's own parser, the same argv a bare `vllm serve` gets in the
+benchmarks and the parity test (pure: no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from serve_app.config import ModelConfig
+from serve_app.vllm_args import flags, launch
+
+
+def model(**kw) -> ModelConfig:
+    return ModelConfig(name="m", source="org/m", **kw)
+
+
+def test_engine_args_and_server_flags_become_vllm_serve_flags():
+    m = model(engine={"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": True,
+                      "enable_prefix_caching": False, "cpu_kv_cache_space_gib": 2,
+                      "extra": {"structured_outputs_config": {"backend": "xgrammar"}}},
+              server={"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
+              max_tokens_default=64)
+    run = launch(m, "/models/m")
+    argv = run.argv
+    assert argv[:4] == ["--model", "/models/m", "--served-model-name", "m"]
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--dtype"] == "bfloat16" and pairs["--max-model-len"] == "2048"
+    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
+    assert pairs["--structured-outputs-config"] == '{"backend": "xgrammar"}'
+    assert "--enable-auto-tool-choice" in argv and pairs["--tool-call-parser"] == "hermes"
+    # Not vLLM's generation-config override: its max_new_tokens is a cap on every request,
+    # where max_tokens_default is the Router's default for requests that give none.
+    assert "--override-generation-config" not in argv
+    assert "cpu_kv_cache_space_gib" not in " ".join(argv)  # an env var, not a flag
+    assert run.env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def test_auto_tool_choice_needs_a_parser():
+    with pytest.raises(ValidationError, match="tool_call_parser"):
+        model(server={"enable_auto_tool_choice": True})
+
+
+def test_server_extra_may_not_repeat_a_typed_flag():
+    with pytest.raises(ValueError, match="repeats"):
+        launch(model(server={"response_role": "bot", "extra": {"response_role": "x"}}), "/p")
+
+
+def test_flags_table():
+    assert flags({"dtype": "bfloat16", "max_num_seqs": 32, "enforce_eager": True,
+                  "enable_prefix_caching": False, "quantization": None,
+                  "override_generation_config": {"a": 1}}) == [
+        "--dtype", "bfloat16", "--max-num-seqs", "32", "--enforce-eager",
+        "--no-enable-prefix-caching", "--override-generation-config", '{"a": 1}']
