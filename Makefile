@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 CONFIG ?= serve_config.yaml
 RAY_NUM_CPUS ?= 8          # logical CPUs: replicas schedule on these, not on physical cores
 METRICS_PORT ?= 8080
+RAY_PORT ?= 6379
+DASHBOARD_PORT ?= 8265
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
@@ -30,13 +32,15 @@ $(STAMP): pyproject.toml Makefile
 prepare: install
 	$(BIN)/llmserve prepare $(CONFIG)
 
-# Ray runs in Serve's throughput-optimized mode behind HAProxy (serve_app/ray_env.py): the
-# environment must be there when Ray's processes start.
+# Ray runs with token auth, on loopback only, in Serve's throughput-optimized mode behind HAProxy
+# (serve_app/ray_env.py): the environment must be there when Ray's processes start.
 serve: prepare
 	eval "$$($(BIN)/llmserve ray-env)"; \
-	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --num-cpus $(RAY_NUM_CPUS) \
-		--include-dashboard=true --dashboard-host 127.0.0.1 \
+	$(BIN)/ray status --address 127.0.0.1:$(RAY_PORT) >/dev/null 2>&1 || $(BIN)/ray start --head \
+		--port $(RAY_PORT) --num-cpus $(RAY_NUM_CPUS) --include-dashboard=true \
+		--dashboard-host 127.0.0.1 --dashboard-port $(DASHBOARD_PORT) \
 		--metrics-export-port $(METRICS_PORT) --disable-usage-stats; \
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) \
 	$(BIN)/serve run $(CONFIG)
 
 stop:

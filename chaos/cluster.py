@@ -27,6 +27,8 @@ from typing import IO, Any
 
 import psutil
 
+from serve_app import ray_env
+
 logger = logging.getLogger("chaos")
 RUN_ROOT = "/tmp/lsc"  # short: Ray's unix socket paths must stay under 107 characters
 PORTS, BLOCK = range(19300, 19400), 10
@@ -82,7 +84,7 @@ class ChaosCluster:
             "object_store_memory": 200 * 1024**2,
             "_system_config": system_config or {},
         }
-        self._next_port = port_base + 4
+        self._next_port = port_base + 4  # then +9: ray_env takes +5 .. +8
         self.tmp_dir = f"{RUN_ROOT}-{os.getpid()}"
         self.cluster = None
         self._seen: dict[int, float] = {}  # pid -> create_time of every process we started
@@ -104,6 +106,8 @@ class ChaosCluster:
         os.makedirs(self.tmp_dir, exist_ok=True)
         os.environ["RAY_TMPDIR"] = self.tmp_dir  # read when the head node is created
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        # The platform's Ray environment (serve_app/ray_env.py), its fixed ports in this block.
+        ray_env.apply(self.port_base + 5)
         import ray
         from ray import serve
         from ray.cluster_utils import Cluster
@@ -160,7 +164,8 @@ class ChaosCluster:
         self.cluster.remove_node(node, allow_graceful=graceful)
 
     def _take_port(self) -> int:
-        port, self._next_port = self._next_port, self._next_port + 1
+        port = self._next_port
+        self._next_port = port + 1 if port + 1 < self.port_base + 5 else self.port_base + 9
         return port
 
     # ----------------------------------------------------------------------------- processes

@@ -38,6 +38,9 @@ class Ticket:
     expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
 
 
+UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
+
+
 def _initial_replicas(model: ModelConfig) -> int:
     a = model.deployment.autoscaling
     return model.deployment.num_replicas if a is None else max(a.min_replicas, 1)
@@ -120,6 +123,22 @@ class Gate:
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         return ticket
 
+    def precheck(self, tenant: TenantConfig) -> None:
+        """The tenant's request rate, right after its key and before its body is read; raises
+        the 429. Admission proper (`admit`) takes from the buckets."""
+        decision = self._limiters[tenant.name].peek_request(self._clock())
+        if not decision.allowed:
+            self.num_rejected[(UNKNOWN_MODEL, "rate_limit")] += 1
+            raise self._rate_limited(tenant, decision, decision.status.headers())
+
+    def _rate_limited(self, tenant: TenantConfig, decision, headers: dict[str, str]) -> OpenAIError:
+        return OpenAIError(
+            429, f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
+            f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
+            code="rate_limit_exceeded",
+            headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
+        )
+
     def _check_limits(
         self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
     ) -> Ticket:
@@ -136,12 +155,7 @@ class Gate:
                     "lower max_tokens or shorten the prompt", param="max_tokens",
                     code="request_too_large", headers=headers,
                 )  # fmt: skip
-            raise OpenAIError(
-                429, f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
-                f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
-                code="rate_limit_exceeded",
-                headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
-            )  # fmt: skip
+            raise self._rate_limited(tenant, decision, headers)
         ticket = Ticket(f"q{next(self._ids)}", tenant.name, model, num_tokens,
                         now + timeout_s, headers, admitted_at=now)  # fmt: skip
         cap = tenant.max_concurrent_requests

@@ -115,3 +115,10 @@ async def unless_disconnected(work, receive):
         if not task.done():
             task.cancel()
     return await task
+
+
+def health_counts(snapshot: dict[str, dict[str, int]]) -> dict[str, int]:
+    """/healthz for a caller without a key: how much, not which models."""
+    return {"num_models": len(snapshot),
+            "in_flight": sum(s["in_flight"] for s in snapshot.values()),
+            "queued": sum(s["queued"] for s in snapshot.values())}

@@ -32,6 +32,7 @@ from deployments.request_path import (
     OpenReply,
     SseChunks,
     body_size,
+    health_counts,
     outcome_of,
     session_of,
     sse_error,
@@ -49,11 +50,17 @@ from serve_app.replica_call import (
     ReplyEnd,
     ReplyHead,
 )
-from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
+from serve_app.tenancy import (
+    TenantDirectory,
+    estimate_prompt_tokens,
+    model_not_found,
+    request_terms,
+)
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 0.1  # queue expiry resolution
 REPLICA_REFRESH_S = 2.0
+REFRESH_TIMEOUT_S = 10.0  # a stalled controller: keep the last counts, ask again later
 RECLAIM_GRACE_S = 5.0
 # Request headers a replica gets (the engine's server reads them); the API key is not one.
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
@@ -90,16 +97,24 @@ class Router:
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def _housekeeping(self) -> None:
-        """Expire queued requests; follow each model's live replica count."""
+        """Expire queued requests and enforce deadlines every tick; follow each model's live
+        replica count. The count comes from the Serve controller, which can stall for many
+        seconds: it is asked in a task of its own, so that no tick ever waits for it."""
         last_refresh = 0.0
+        refresh: asyncio.Task | None = None
         while True:
             await asyncio.sleep(TICK_S)
-            self._gate.tick()
-            self._enforce_deadlines()
-            if time.monotonic() - last_refresh > REPLICA_REFRESH_S:
-                last_refresh = time.monotonic()
-                await self._refresh_replicas()
-                self._metrics.export(self._gate.snapshot(), self._gate.num_rejected)
+            try:
+                self._gate.tick()
+                self._enforce_deadlines()
+                now = time.monotonic()
+                if now - last_refresh > REPLICA_REFRESH_S:
+                    last_refresh = now
+                    if refresh is None or refresh.done():
+                        refresh = asyncio.ensure_future(self._refresh_replicas())
+                    self._metrics.export(self._gate.snapshot(), self._gate.num_rejected)
+            except Exception:  # a bug of ours must not end deadline enforcement
+                logger.exception("housekeeping tick failed")
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
@@ -120,7 +135,7 @@ class Router:
     async def _refresh_replicas(self) -> None:
         try:
             app_name = serve.get_replica_context().app_name
-            status = await asyncio.to_thread(serve.status)
+            status = await asyncio.wait_for(asyncio.to_thread(serve.status), REFRESH_TIMEOUT_S)
             deployments = status.applications[app_name].deployments
         except Exception as e:  # controller busy or restarting: keep the last known counts
             logger.debug("replica refresh failed: %r", e)
@@ -140,18 +155,33 @@ class Router:
         return openapi_docs.models_list(allowed, self._created)
 
     @app.get("/healthz")
-    async def http_health(self) -> JSONResponse:
-        return JSONResponse({"status": "ok", "models": self._gate.snapshot()})
+    async def http_health(self, request: Request) -> JSONResponse:
+        """Liveness, and this replica's queue. Per model for a caller with a key (the models
+        it may use); counts only for anyone else, who learns no model's name."""
+        tenant = self._directory.optional(request.headers.get("authorization"))
+        snapshot = self._gate.snapshot()
+        if tenant is None:
+            return JSONResponse({"status": "ok", **health_counts(snapshot)})
+        mine = {m: s for m, s in snapshot.items() if tenant.models is None or m in tenant.models}
+        return JSONResponse({"status": "ok", "models": mine})
 
     @app.get("/readyz")
-    async def http_ready(self) -> JSONResponse:
-        """For load balancers and Kubernetes readiness probes: 200 once every model serves."""
+    async def http_ready(self, request: Request) -> JSONResponse:
+        """For load balancers and Kubernetes readiness probes: 200 once every model serves.
+        Which ones do not, only to a caller with a key."""
         waiting = self._gate.not_ready()
+        tenant = self._directory.optional(request.headers.get("authorization"))
         if waiting:
-            what = "; ".join(f"{m}: {why}" for m, why in sorted(waiting.items()))
+            what = f"{len(waiting)} of {len(self._handles)} models have no replica serving"
+            if tenant is not None:
+                what = "; ".join(f"{m}: {why}" for m, why in sorted(waiting.items()))
             raise OpenAIError(503, f"not ready: {what}", code="not_ready",
                               headers={"Retry-After": "5"})  # fmt: skip
-        return JSONResponse({"status": "ready", "models": sorted(self._handles)})
+        body: dict[str, Any] = {"status": "ready", "num_models": len(self._handles)}
+        if tenant is not None:
+            body["models"] = sorted(m for m in self._handles
+                                    if tenant.models is None or m in tenant.models)
+        return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def http_openapi(self) -> JSONResponse:
@@ -201,6 +231,7 @@ class Router:
             trail.tenant = tenant.name
             request.state.response_headers = {**self._gate.rate_headers(tenant),
                                               "x-llmserve-tenant": tenant.name}  # fmt: skip
+            self._gate.precheck(tenant)  # a flood is refused before its bodies are read
             raw = await read_body(request, self._config.http.max_request_body_bytes)
             body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
@@ -257,6 +288,7 @@ class Router:
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
+            self._gate.precheck(tenant)
             reply = await self._open(path, body, body_size(body), tenant, request_id,
                                      trail=trail)  # fmt: skip
             content = await self._collect(reply)
@@ -314,11 +346,8 @@ class Router:
         fields = read_fields(body, self._config.http.max_n)
         handle = self._handles.get(fields.model)
         model = self._config.model(fields.model)
-        if handle is None or (tenant.models is not None and fields.model not in tenant.models):
-            # One answer for "no such model" and "not yours": nothing to learn by probing.
-            raise OpenAIError(404, f"The model '{fields.model}' does not exist or you do not "
-                              "have access to it.", param="model",
-                              code="model_not_found")  # fmt: skip
+        if handle is None:
+            raise model_not_found(fields.model)  # the same words as "not yours"
         generates = path in GENERATION_PATHS
         terms = request_terms(tenant, fields.model, fields.max_tokens, fields.timeout_s,
                               model.max_tokens_default)  # fmt: skip

@@ -4,11 +4,14 @@ which re-exports these classes."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from serve_app.strict import MODEL_NAME_RE, Strict
+
+HEX_DIGEST_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class RateLimits(Strict):
@@ -25,10 +28,18 @@ class TenantConfig(Strict):
     api_keys: list[str] = Field(
         default_factory=list,
         repr=False,  # a logged config must not leak keys
-        description="Inline keys: for demos and tests, not production.",
+        description="Inline keys, for tests: build_app turns them into digests before any "
+        "deployment sees them. Config files use api_key_env or api_key_sha256.",
     )
     api_key_env: list[str] = Field(
-        default_factory=list, description="Names of environment variables holding keys."
+        default_factory=list,
+        description="Names of environment variables holding keys (a Kubernetes Secret): read "
+        "by the Router in its own process, so the keys are in no config Serve stores.",
+    )
+    api_key_sha256: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 digests (hex) of keys: a key that may sit in a config file, "
+        "because the file does not hold the key.",
     )
     priority: str = "standard"
     rate_limits: RateLimits = Field(default_factory=RateLimits)
@@ -52,6 +63,14 @@ class TenantConfig(Strict):
         if any(len(k) < 8 for k in v):
             raise ValueError("API keys must be at least 8 characters")
         return v
+
+    @field_validator("api_key_sha256")
+    @classmethod
+    def _digests_ok(cls, v: list[str]) -> list[str]:
+        if any(not HEX_DIGEST_RE.fullmatch(d) for d in v):
+            raise ValueError("api_key_sha256 entries are 64 hex digits: "
+                             "`printf %s KEY | sha256sum`")
+        return [d.lower() for d in v]
 
     @model_validator(mode="after")
     def _timeouts(self) -> "TenantConfig":
@@ -91,8 +110,9 @@ class AdmissionConfig(Strict):
         "so their requests start at once under a batch flood. 1 = no reservation.",
     )
     anonymous_tenant: str | None = Field(
-        default="anonymous",
-        description="Tenant for requests without a key; null makes a key mandatory (401).",
+        default=None,
+        description="The tenant of requests that send no key, for a local demo; None (the "
+        "default): every request needs a key (401 without). A wrong key is a 401 either way.",
     )
 
     @model_validator(mode="after")

@@ -81,6 +81,10 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
 
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
+    if not config.tenants:
+        raise ValueError("tenants: none configured, so no request could be served. Give a "
+                         "tenant its keys (api_key_env: [VAR] in production), or for a local "
+                         "demo set admission.anonymous_tenant to a tenant's name.")
     cache_dir = config.cache_dir()
     # Fail here, with the model's name and the fix, rather than in a replica crash loop.
     for model in config.models:
@@ -122,4 +126,4 @@ def build_app(args: dict[str, Any]) -> Application:
         # applies (the chaos suite saw them hang for as long as the new Router took to start).
         max_surge_percent=100,
         ray_actor_options={"num_cpus": r.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
-    ).bind(config.model_dump(), handles)
+    ).bind(config.for_router(), handles)

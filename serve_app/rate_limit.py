@@ -264,6 +264,17 @@ class TenantLimiter:
             self.status(now_s),
         )
 
+    def peek_request(self, now_s: float) -> LimitDecision:
+        """Whether the request bucket has room for one more, taking nothing: checked before a
+        request's body is read, so that a flood is refused for the price of its headers."""
+        if self._requests is None:
+            return LimitDecision(True, (), 0.0, False, self.status(now_s))
+        d = self._requests.peek(1, now_s)
+        if d.allowed:
+            return LimitDecision(True, (), 0.0, False, self.status(now_s))
+        return LimitDecision(False, ("requests",), d.retry_after_s, d.exceeds_capacity,
+                             self.status(now_s))
+
     def settle(self, num_reserved_tokens: int, num_used_tokens: int, now_s: float) -> None:
         """Correct an admitted request's reservation to its actual usage.
 

@@ -1,4 +1,5 @@
-"""The Ray environment the platform runs under: Serve's throughput-optimized mode behind HAProxy.
+"""The Ray environment the platform runs under: Serve's throughput-optimized mode behind HAProxy,
+Ray's token authentication, and on one machine, every listener on loopback.
 
 Measured (bench/relay_cost.py, results in bench/results/relay_cost.md): with Serve's defaults
 every streamed item costs ~0.25 ms of CPU in Serve's Python proxy and ~0.4 ms in the Router,
@@ -9,6 +10,12 @@ whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
   replicas' own ports, following their restarts and rolling updates (a bare direct-ingress port
   moves when its replica is replaced). HAProxy runs through serve_app/haproxy_loopback.sh, which
   keeps its stats and metrics listeners on loopback.
+- `RAY_AUTH_MODE=token`: every Ray service (GCS, raylets, workers, Serve's gRPC between
+  replicas, the dashboard and its agents, the Ray client server, which runs arbitrary code)
+  refuses callers without the cluster's token (`ray start` makes one in ~/.ray/auth_token).
+- On one machine (`make serve`, tests, benchmarks) `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: Ray's
+  single-machine mode, its node address is loopback and so is every listener but Serve's
+  inter-replica gRPC servers, which token auth guards. A cluster of several nodes leaves it out.
 - Drivers (`serve run`, tests, benchmarks) keep Serve's handle router on a loop of its own,
   which synchronous handle calls (`.result()`) need; replicas run user code and the handle
   router on their own loop (`REPLICA_ENV`, given to each deployment through its runtime_env).
@@ -43,11 +50,12 @@ def _bundled_haproxy() -> str:
             os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"] = saved
 
 
-def cluster_env(port_base: int | None = None) -> dict[str, str]:
+def cluster_env(port_base: int | None = None, single_machine: bool = True) -> dict[str, str]:
     """Environment for every Ray process of a cluster. `port_base` moves the fixed ports of
-    HAProxy and the fallback proxy to a block of ten of their own (port_base .. +9), for a
-    second cluster on the same machine."""
+    HAProxy's stats and metrics and the fallback proxy's HTTP and gRPC to port_base .. +3, for a
+    second cluster on the same machine. `single_machine`: Ray's loopback-only mode."""
     env = {
+        "RAY_AUTH_MODE": "token",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(WRAPPER),
@@ -59,11 +67,13 @@ def cluster_env(port_base: int | None = None) -> dict[str, str]:
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
         "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1",
     }
+    if single_machine:
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     if port_base is not None:
-        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(port_base + 1)
-        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(port_base + 2)
-        env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(port_base + 3)
-        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(port_base + 4)
+        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(port_base)
+        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(port_base + 1)
+        env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(port_base + 2)
+        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(port_base + 3)
     return env
 
 

@@ -1,24 +1,20 @@
 """Tenants: who is calling (API key -> tenant) and what a request of theirs may ask for.
 
-Pure: the environment is passed in, so tests need no monkeypatching. Keys are kept only as
-SHA-256 digests and every presented key is compared against every stored digest with
-`hmac.compare_digest`, so neither the lookup's timing nor a memory dump reveals a key.
+Pure: the environment is passed in, so tests need no monkeypatching. Keys are held only as
+SHA-256 digests (the Router is given digests, never keys: AppConfig.for_router), and every
+presented key is compared against every stored digest with `hmac.compare_digest`, so neither
+the lookup's timing nor a memory dump reveals a key.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from serve_app.config import AppConfig, TenantConfig
+from serve_app.config import AppConfig, TenantConfig, key_digest
 from serve_app.openai_protocol import OpenAIError
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
 class TenantDirectory:
@@ -26,18 +22,19 @@ class TenantDirectory:
         self._by_name = {t.name: t for t in config.effective_tenants()}
         self._keys: list[tuple[bytes, str]] = []
         for t in config.effective_tenants():
-            keys = list(t.api_keys)
+            digests = [key_digest(k) for k in t.api_keys] + list(t.api_key_sha256)
             for var in t.api_key_env:
                 value = environ.get(var)
                 if not value:
                     raise ValueError(f"tenant {t.name!r}: environment variable {var} is not set")
-                keys.append(value)
-            for k in keys:
-                owner = next((n for d, n in self._keys if d == _digest(k) and n != t.name), None)
+                digests.append(key_digest(value))
+            for d in digests:
+                digest = bytes.fromhex(d)
+                owner = next((n for k, n in self._keys if k == digest and n != t.name), None)
                 if owner is not None:  # the config checks inline keys; env keys land here
                     raise ValueError(f"tenants {owner!r} and {t.name!r}: an API key is given "
                                      "to more than one tenant")  # fmt: skip
-                self._keys.append((_digest(k), t.name))
+                self._keys.append((digest, t.name))
         anon = config.admission.anonymous_tenant
         self._anonymous = self._by_name.get(anon) if anon else None
 
@@ -51,11 +48,9 @@ class TenantDirectory:
     def authenticate(self, authorization: str | None) -> TenantConfig:
         """The tenant of an `Authorization: Bearer KEY` header; raises a 401 OpenAIError.
 
-        Where anonymous access is allowed, an unknown key is served as the anonymous tenant,
-        as a missing one is: OpenAI clients always send some key, and the anonymous tenant has
-        the lowest limits, so nothing is gained by guessing. The Router names the tenant in an
-        `x-llmserve-tenant` response header, so a mistyped key is visible. A malformed header
-        is always a 401.
+        No key: the anonymous tenant where the config names one (a local demo), else a 401. A
+        key that matches no tenant is a 401 whatever the anonymous setting, as OpenAI answers
+        it: a client with a typo learns it at once instead of being served with other limits.
         """
         if not authorization:
             if self._anonymous is not None:
@@ -67,16 +62,24 @@ class TenantDirectory:
         if scheme.lower() != "bearer" or not key:
             raise OpenAIError(401, "Malformed Authorization header: expected `Bearer YOUR_KEY`.",
                               code="invalid_api_key")  # fmt: skip
-        presented = _digest(key)
+        presented = bytes.fromhex(key_digest(key))
         found = None
         for digest, name in self._keys:  # no early exit: same work for every key
             if hmac.compare_digest(presented, digest):
                 found = name
         if found is None:
-            if self._anonymous is not None:
-                return self._anonymous
             raise OpenAIError(401, "Incorrect API key provided.", code="invalid_api_key")
         return self._by_name[found]
+
+    def optional(self, authorization: str | None) -> TenantConfig | None:
+        """The caller's tenant where it has a valid key, else None (no error): for the health
+        endpoints, which answer everyone, in less detail without a key."""
+        if not authorization:
+            return None
+        try:
+            return self.authenticate(authorization)
+        except OpenAIError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,13 @@ class RequestTerms:
     timeout_s: float
 
 
+def model_not_found(model: str) -> OpenAIError:
+    """One answer, word for word, for "no such model" and "not one of yours": a tenant learns
+    nothing about the models of others by probing names."""
+    return OpenAIError(404, f"The model '{model}' does not exist or you do not have access to "
+                       "it.", param="model", code="model_not_found")
+
+
 def request_terms(
     tenant: TenantConfig,
     model: str,
@@ -99,9 +109,7 @@ def request_terms(
 ) -> RequestTerms:
     """Model access, max_tokens cap and deadline for one request; raises OpenAIError."""
     if tenant.models is not None and model not in tenant.models:
-        # Same answer as an unknown model: a tenant learns nothing about others' models.
-        raise OpenAIError(404, f"The model '{model}' does not exist or you do not have access "
-                          "to it.", param="model", code="model_not_found")  # fmt: skip
+        raise model_not_found(model)
     if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
         raise OpenAIError(400, "timeout must be a positive number of seconds", param="timeout")
     timeout = min(timeout_s or tenant.default_timeout_s, tenant.max_timeout_s)

@@ -56,7 +56,7 @@ def _build_tiny_llama(out: Path, tokenizer_dir: Path) -> None:
 # test that starts the session's `serve_app`: on 2 cores and 24 GiB without swap, their clusters
 # beside the session app's engines left the host thrashing (idle engines failed their health
 # probe, replacements took 30 min to start, and the CI ran out of time).
-SELF_CONTAINED = ("test_bench_smoke.py", "test_chaos.py")
+SELF_CONTAINED = ("test_exposure.py", "test_bench_smoke.py", "test_chaos.py")
 # Modules with engines of their own on the session's Ray, run before the shared apps start: the
 # idle shared apps (three engines, two apps' Routers) hold ~115% of one of the two cores, which
 # made these modules' engines start and serve about half as fast.
@@ -163,7 +163,8 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
         ],
         # Deadlines and queue bounds far above a quiet host's needs: a slow hour's CI (2-3x)
         # must not turn the tests' ordinary requests into 503s and 504s.
-        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 180, "ageing_s": 0},
+        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 180, "ageing_s": 0,
+                      "anonymous_tenant": "anonymous"},  # as the local demo: no key, anonymous
         "tenants": [
             {"name": "anonymous", "default_timeout_s": SLOW_HOST_DEADLINE_S},
             {"name": "interactive", "api_keys": [KEYS["interactive"]], "priority": "interactive",

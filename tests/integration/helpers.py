@@ -60,7 +60,7 @@ def wait_idle(http: httpx.Client, timeout_s: float = CALL_TIMEOUT_S) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         tiny, sim = engine_stats(TINY), sim_stats()
-        health = http.get("/healthz")
+        health = http.get("/healthz", headers=auth("interactive"))  # per model: with a key
         models = health.json()["models"]
         busy = {m: s for m, s in models.items() if s["in_flight"] or s["queued"]}
         if not (tiny.num_unfinished or sim.num_unfinished or busy) or time.monotonic() > deadline:

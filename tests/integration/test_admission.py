@@ -58,12 +58,18 @@ def chat(model=DEFAULT, **kw):
 def test_keys_are_checked(http, base_url):
     r = http.post("/v1/chat/completions", json=chat(), headers=auth("interactive"))
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "interactive"
-    # This app allows anonymous access: an unknown key is served as `anonymous`, and says so.
-    r = http.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer nope-0"})
+    # This app allows anonymous access: no key is the `anonymous` tenant, and says so; a wrong
+    # key is a 401 all the same (a typo is told, not served with other limits).
+    r = http.post("/v1/chat/completions", json=chat())
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "anonymous"
+    r = http.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Bearer nope-0"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     r = http.post("/v1/chat/completions", json=chat(), headers={"Authorization": "Basic abc"})
     assert r.status_code == 401
-    # The `sim` app does not: there an unknown key is a 401.
+    # The `sim` app has no anonymous tenant: there no key is a 401 too.
+    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions", json={"model": "sim-model",
+                   "prompt": "x"}, timeout=60)  # fmt: skip
+    assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
     r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/completions", json={"model": "sim-model",
                    "prompt": "x"}, headers={"Authorization": "Bearer nope-0"},
                    timeout=60)  # fmt: skip
@@ -171,7 +177,7 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
     assert in_rej_med < 0.5 * in_served_med
     # Afterwards: nothing running, nothing queued, and the replica did not restart.
     assert engine_stats(DEFAULT).num_unfinished == 0
-    health = http.get("/healthz").json()["models"][DEFAULT]
+    health = http.get("/healthz", headers=auth("interactive")).json()["models"][DEFAULT]
     assert health["in_flight"] == 0 and health["queued"] == 0
     served = engine_stats(DEFAULT).extra["num_requests_total"] - served_before
     assert served == len(by_status[200]), "the replica restarted or lost count"
@@ -225,7 +231,7 @@ def test_interactive_first_token_beats_batch_under_saturation(base_url):
             # would wait for a free slot, and the probes with it.)
             deadline = time.monotonic() + 120
             while True:
-                h = (await c.get("/healthz")).json()["models"][DEFAULT]
+                h = (await c.get("/healthz", headers=auth("interactive"))).json()["models"][DEFAULT]
                 if h["in_flight"] >= CAPACITY and h["queued"] > 0:
                     break
                 assert time.monotonic() < deadline, f"the batch requests never filled it: {h}"

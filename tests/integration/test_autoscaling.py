@@ -35,7 +35,7 @@ def autoscale_app(model_dirs) -> dict:
             },
             "health": {"probe_timeout_s": 120},  # as the shared app's: see conftest
         }],
-        "admission": {"max_queue_wait_s": 180},
+        "admission": {"max_queue_wait_s": 180, "anonymous_tenant": "anonymous"},
         "tenants": [{"name": "anonymous", "default_timeout_s": 300}],
     }  # fmt: skip
 

@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     app_args,
     engine_stats,
 )
+from tests.integration.helpers import auth
 
 PREFIX = "/storm"
 APP = "storm"
@@ -53,7 +54,8 @@ def storm_app() -> dict:
                     "simulation": {"step_s": 0.02},
                     "engine": {"max_num_seqs": MAX_NUM_SEQS},
                     "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25}}],
-        "admission": {"max_queue_len": 256, "max_queue_wait_s": STORM_QUEUE_WAIT_S},
+        "admission": {"max_queue_len": 256, "max_queue_wait_s": STORM_QUEUE_WAIT_S,
+                      "anonymous_tenant": "anonymous"},
         "tenants": [{"name": "anonymous", "default_timeout_s": STORM_TIMEOUT_S}],
     }  # fmt: skip
 
@@ -231,7 +233,8 @@ def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url, model_di
                 "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
 
     def router():
-        h = httpx.get(f"{base_url}/healthz", timeout=60).json()["models"][TINY]
+        h = httpx.get(f"{base_url}/healthz", headers=auth("interactive"),
+                      timeout=60).json()["models"][TINY]
         return {"in_flight": h["in_flight"], "queued": h["queued"]}
 
     def exported():

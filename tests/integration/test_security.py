@@ -1,8 +1,9 @@
 """Security on the real stack: keys are checked before any work, a tenant keeps to its own models
 and limits, keys appear in no log, metric or trace, and one tenant's flood does not slow another.
 
-The `sim` app requires a key (no anonymous tenant); the main app serves unknown keys as `anonymous`
-but still refuses a malformed Authorization header.
+The `sim` app requires a key (no anonymous tenant); the main app lets requests without a key in
+as `anonymous` (a local demo's setting), but refuses a wrong key and a malformed Authorization
+header with a 401, over HTTP and through a DeploymentHandle.
 """
 
 from __future__ import annotations
@@ -82,10 +83,22 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
                 assert KEYS["metered"] not in r.text and "kkkkkkkk" not in r.text
         # The right key works, and lists the app's one model.
         assert c.get("/v1/models", headers=auth("metered")).json()["data"][0]["id"] == SIM
-    # The main app lets unknown keys in as `anonymous`, but a malformed header is still a 401.
-    r = http.post("/v1/chat/completions", headers={"Authorization": f"Basic {KEYS['interactive']}"},
-                  json={"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
-    assert r.status_code == 401
+    # The main app lets requests without a key in as `anonymous`; a wrong key or a malformed
+    # header is a 401 all the same, over HTTP and through a handle.
+    chat = {"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    for headers in ({"Authorization": f"Basic {KEYS['interactive']}"},
+                    {"Authorization": "Bearer sk-not-a-key-0000"},
+                    {"Authorization": f"Bearer {KEYS['interactive'][:-1]}"}):  # fmt: skip
+        r = http.post("/v1/chat/completions", headers=headers, json=chat)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+    from ray import serve
+
+    from serve_app.openai_protocol import OpenAIError
+
+    router = serve.get_app_handle("llmserve")
+    with pytest.raises(OpenAIError) as e:
+        router.chat_completions.remote(chat, api_key="sk-not-a-key-0000").result(timeout_s=120)
+    assert (e.value.status, e.value.code) == (401, "invalid_api_key")
     after = engine_requests_total()
     print(f"\n{len(times)} requests with bad keys: all 401 in median "
           f"{statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
@@ -304,5 +317,5 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     # stays under 2 s, or 10x its median alone in the same test where the host is slow (its
     # speed drifts 2-3x by the hour).
     assert flood_med < max(2.0, 10 * base_med)
-    health = http.get("/healthz").json()["models"][TINY]
+    health = http.get("/healthz", headers=auth("interactive")).json()["models"][TINY]
     assert health["in_flight"] == 0 and health["queued"] == 0

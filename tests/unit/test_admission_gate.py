@@ -7,7 +7,11 @@ readiness: test_gate_replicas.py.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+
+from serve_app.openai_protocol import OpenAIError
 
 from tests.unit.gate_helpers import (
     LIMITED,
@@ -154,3 +158,41 @@ async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
     gate.finish(await queued, 10)
     gate.finish(await other, 10)
     assert_idle(gate)
+
+
+@pytest.mark.parametrize(
+    "rate_limits, num_admitted, precheck_refuses",
+    [
+        ({"requests_per_s": 1, "max_burst_requests": 2}, 2, True),  # the burst spent
+        ({"requests_per_s": 1, "max_burst_requests": 2}, 1, False),
+        ({"tokens_per_min": 10}, 5, False),  # a token limit is checked with the body, not before
+        ({}, 50, False),  # unlimited
+    ],
+)
+def test_the_request_rate_is_checked_before_the_body_taking_nothing(
+    rate_limits, num_admitted, precheck_refuses
+):
+    gate, tenants, clock = make_gate({"name": "t", "rate_limits": rate_limits},
+                                     max_ongoing_requests=100)  # fmt: skip
+    t = tenants["t"]
+
+    async def scenario():
+        for _ in range(num_admitted):
+            try:
+                gate.finish(await gate.admit(t, MODEL, 1, 60.0), 0)
+            except OpenAIError:
+                pass
+        before = gate.rate_headers(t)
+        for _ in range(3):  # a precheck takes nothing: asking again changes nothing
+            try:
+                gate.precheck(t)
+                refused = False
+            except OpenAIError as e:
+                assert (e.status, e.code) == (429, "rate_limit_exceeded")
+                assert int(e.headers["Retry-After"]) >= 1
+                refused = True
+        assert gate.rate_headers(t) == before
+        return refused
+
+    assert asyncio.run(scenario()) is precheck_refuses
+    assert gate.num_rejected[("unknown", "rate_limit")] == (3 if precheck_refuses else 0)

@@ -12,8 +12,18 @@ from serve_app.model_source import ModelSourceError  # noqa: E402
 from serve_app.ray_env import REPLICA_ENV  # noqa: E402
 
 
+_validate = __import__("serve_app.config", fromlist=["AppConfig"]).AppConfig.model_validate
+ONE_TENANT = [{"name": "t", "api_keys": ["sk-wiring-test-01"]}]
+
+
+def _with_a_tenant(args):
+    """The configs below are about models and the Router: one tenant where they give none."""
+    return _validate({"tenants": ONE_TENANT, **args})
+
+
 @pytest.fixture(autouse=True)
 def _cache(monkeypatch, tmp_path):
+    monkeypatch.setattr("serve_app.app.AppConfig.model_validate", _with_a_tenant)
     monkeypatch.setenv("LLMSERVE_MODEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)  # hub ids must not resolve to stray relative folders
 
@@ -98,10 +108,10 @@ def test_custom_resources_reach_the_replicas_actor_options():
 
 
 @pytest.mark.parametrize("router, tenants, expected", [
-    ({}, [], 305.0),  # the anonymous tenant's max_timeout_s (300) + 5
+    ({}, [{"name": "t"}], 305.0),  # a tenant's default max_timeout_s (300) + 5
     ({}, [{"name": "anonymous", "max_timeout_s": 100, "default_timeout_s": 50},
           {"name": "long", "max_timeout_s": 900, "default_timeout_s": 60}], 905.0),
-    ({"graceful_shutdown_timeout_s": 7}, [], 7.0),
+    ({"graceful_shutdown_timeout_s": 7}, [{"name": "t"}], 7.0),
 ])  # fmt: skip
 def test_router_drains_for_as_long_as_the_longest_deadline(router, tenants, expected):
     # Ray Serve's 20 s default would cut longer requests on every config change.
@@ -113,3 +123,16 @@ def test_router_drains_for_as_long_as_the_longest_deadline(router, tenants, expe
 def test_router_is_replaced_new_before_old_on_a_config_change():
     app = build_app({"models": [{"name": "m", "source": "org/m"}]})
     assert app._bound_deployment._deployment_config.max_surge_percent == 100
+
+
+def test_an_app_without_tenants_is_refused_before_anything_starts(monkeypatch):
+    monkeypatch.setattr("serve_app.app.AppConfig.model_validate", _validate)
+    with pytest.raises(ValueError, match="tenants: none configured"):
+        build_app({"models": [{"name": "m", "source": "org/m"}]})
+
+
+def test_the_router_is_bound_with_digests_not_keys():
+    app = build_app({"models": [{"name": "m", "source": "org/m"}]})
+    config, _ = app._bound_deployment.init_args
+    assert "sk-wiring-test-01" not in repr(config)
+    assert len(config["tenants"][0]["api_key_sha256"]) == 1

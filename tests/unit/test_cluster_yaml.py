@@ -20,3 +20,12 @@ def test_cluster_yaml_passes_ray_schema():
     head = config["available_node_types"][config["head_node_type"]]
     assert head["resources"].get("GPU", 0) == 0
     assert all(config["available_node_types"][t]["min_workers"] == 0 for t in gpu_types)
+
+
+def test_cluster_yaml_keeps_the_dashboard_on_loopback_and_turns_token_auth_on():
+    config = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    (head_start,) = [c for c in config["head_start_ray_commands"] if "ray start" in c]
+    assert "--dashboard-host=127.0.0.1" in head_start and "0.0.0.0" not in head_start
+    for cmd in [head_start] + [c for c in config["worker_start_ray_commands"] if "ray start" in c]:
+        assert "llmserve ray-env --cluster" in cmd  # RAY_AUTH_MODE=token, before ray start
+    assert "/home/ubuntu/.ray/auth_token" in config["file_mounts"]  # one token, every node

@@ -76,12 +76,13 @@ def test_same_application_as_serve_config_yaml(serve_config, local_config):
     assert app["import_path"] == local["import_path"] == "serve_app.app:build_app"
     assert (app["name"], app["route_prefix"]) == (local["name"], local["route_prefix"])
     ours, theirs = AppConfig.model_validate(app["args"]), AppConfig.model_validate(local["args"])
-    # Same models, tenants and admission; only where replicas run (and how many) differs.
+    # Same models and admission bounds; where replicas run (and how many) differs, and the
+    # tenants: the local demo's anonymous tenant and demo keys stay out of production.
     assert [(m.name, m.source, m.max_tokens_default) for m in ours.models] == [
         (m.name, m.source, m.max_tokens_default) for m in theirs.models
     ]  # fmt: skip
-    assert ours.admission == theirs.admission
-    assert ours.tenants == theirs.tenants
+    assert ours.admission.model_dump(exclude={"anonymous_tenant"}) == \
+        theirs.admission.model_dump(exclude={"anonymous_tenant"})
     assert serve_config["http_options"]["request_timeout_s"] == \
         local_config["http_options"]["request_timeout_s"]
     for m, lm in zip(ours.models, theirs.models):
@@ -159,3 +160,25 @@ def test_pod_templates_pass_kubernetes_schema(cluster):
         pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
                         "metadata": {"name": "llmserve"}, "template": t}  # fmt: skip
         kv.validate(pod_template, kv.latest_version(), strict=True)  # raises on unknown fields
+
+
+def test_the_production_manifest_carries_no_key_and_no_anonymous_tenant(serve_config, manifest):
+    args = serve_config["applications"][0]["args"]
+    config = AppConfig.model_validate(args)
+    assert config.admission.anonymous_tenant is None
+    assert config.tenants and all(t.api_key_env for t in config.tenants)
+    assert not any(t.api_keys or t.api_key_sha256 for t in config.tenants)
+    text = (ROOT / "kuberay" / "rayservice.yaml").read_text()
+    assert "sk-" not in text.replace("sk-...", ""), "a key in the manifest"
+
+
+def test_the_cluster_runs_with_token_auth_and_keys_from_secrets(cluster):
+    pods = [cluster["headGroupSpec"]["template"]] + [
+        g["template"] for g in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llmserve-ray-token"
+        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"]["value"] == "1"
+        assert {"secretRef": {"name": "llmserve-api-keys"}} in container["envFrom"]

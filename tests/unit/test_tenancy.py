@@ -79,8 +79,32 @@ def test_authenticate_without_anonymous_rejects_with_401(header, code):
 
 
 @pytest.mark.parametrize("header", ["Bearer sk-wrong-key-9999", f"Bearer {KEY_A[:-1]}"])
-def test_an_unknown_key_is_served_as_anonymous_when_anonymous_access_is_allowed(header):
-    assert directory(anonymous=True).authenticate(header).name == "anonymous"
+def test_an_unknown_key_is_401_even_where_anonymous_access_is_allowed(header):
+    # As OpenAI answers it: a typo is told at once, not served as someone else.
+    with pytest.raises(OpenAIError) as e:
+        directory(anonymous=True).authenticate(header)
+    assert (e.value.status, e.value.code) == (401, "invalid_api_key")
+
+
+def test_the_router_gets_digests_never_keys():
+    config = app_config({"name": "alpha", "api_keys": [KEY_A]}, {"name": "anonymous"})
+    for_router = config.for_router()
+    assert KEY_A not in repr(for_router)
+    (alpha,) = [t for t in for_router["tenants"] if t["name"] == "alpha"]
+    assert alpha["api_keys"] == [] and len(alpha["api_key_sha256"]) == 1
+    d = TenantDirectory(AppConfig.model_validate(for_router), {})
+    assert d.authenticate(f"Bearer {KEY_A}").name == "alpha"
+
+
+def test_a_key_given_as_its_digest_authenticates():
+    import hashlib
+
+    digest = hashlib.sha256(KEY_B.encode()).hexdigest()
+    d = TenantDirectory(app_config({"name": "b", "api_key_sha256": [digest.upper()]},
+                                   anonymous_tenant=None), {})  # fmt: skip
+    assert d.authenticate(f"Bearer {KEY_B}").name == "b"
+    with pytest.raises(ValidationError, match="64 hex digits"):
+        app_config({"name": "b", "api_key_sha256": ["abc"]}, anonymous_tenant=None)
 
 
 @pytest.mark.parametrize("header", [f"Basic {KEY_A}", KEY_A])
@@ -113,8 +137,10 @@ def test_env_var_keys_are_read_from_the_injected_mapping_only(monkeypatch):
     monkeypatch.setenv("BRAVO_KEY", "sk-process-env-3333")
     d = directory(environ={"BRAVO_KEY": KEY_ENV})
     assert d.authenticate(f"Bearer {KEY_ENV}").name == "bravo"
-    # The process environment's value is just an unknown key: served as anonymous.
-    assert d.authenticate("Bearer sk-process-env-3333").name == "anonymous"
+    # The process environment's value is just an unknown key.
+    with pytest.raises(OpenAIError) as e:
+        d.authenticate("Bearer sk-process-env-3333")
+    assert e.value.status == 401
 
 
 def test_several_env_vars_and_inline_keys_all_work():
@@ -137,13 +163,12 @@ def test_a_key_shared_by_two_tenants_through_env_vars_is_refused():
         TenantDirectory(config, {"SHARED": KEY_A})
 
 
-def test_no_tenants_configured_means_everyone_is_the_unlimited_anonymous_tenant():
-    d = TenantDirectory(app_config(), {})
-    tenant = d.authenticate(None)
-    assert tenant.name == "anonymous"
-    assert tenant.rate_limits.requests_per_s is None
-    assert [t.name for t in d.tenants] == ["anonymous"]
-    assert d.tenant("anonymous") is tenant
+def test_anonymous_access_is_off_unless_configured():
+    assert AppConfig.model_fields["admission"].default_factory().anonymous_tenant is None
+    d = TenantDirectory(app_config({"name": "anonymous"}, anonymous_tenant=None), {})
+    with pytest.raises(OpenAIError) as e:
+        d.authenticate(None)
+    assert (e.value.status, e.value.code) == (401, "missing_api_key")
 
 
 def test_the_directory_keeps_keys_only_as_digests():
@@ -272,7 +297,6 @@ NO_ANON = {"anonymous_tenant": None}
         ),
         ([{"name": "a", "models": ["m1", "x"]}], NO_ANON, r"unknown models \['x'\]"),
         ([{"name": "a"}], {"anonymous_tenant": "anonymous"}, "anonymous_tenant 'anonymous' is not"),
-        ([{"name": "a"}], {}, "anonymous_tenant 'anonymous' is not"),  # the default name
         (
             [{"name": "a", "default_timeout_s": 120, "max_timeout_s": 60}],
             NO_ANON,
@@ -305,9 +329,9 @@ def test_bad_tenant_config_is_refused_with_a_clear_message(tenants, admission, m
 @pytest.mark.parametrize(
     "tenants, admission",
     [
-        ([], {}),  # no tenants: the implicit anonymous tenant
-        ([], NO_ANON),
+        ([], {}),  # a config for tools (plan, prepare); build_app refuses it
         ([{"name": "anonymous"}], {}),
+        ([{"name": "anonymous"}], {"anonymous_tenant": "anonymous"}),
         ([{"name": "a", "api_keys": [KEY_A]}], NO_ANON),
         ([{"name": "a", "default_timeout_s": 60, "max_timeout_s": 60}], NO_ANON),
         ([{"name": "a", "priority": "gold"}], {**NO_ANON, "priority_levels": {"gold": 0}}),
