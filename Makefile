@@ -12,7 +12,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install prepare serve stop test unit integration clean prometheus chaos chaos-short bench
+.PHONY: install prepare serve stop test lint format unit integration clean prometheus chaos chaos-short bench
 
 install: $(STAMP)
 
@@ -53,7 +53,16 @@ prometheus:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends prometheus; }
 
-test: install prometheus
+# ruff: the lint rules and the formatting in pyproject.toml; `make format` applies them.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: install prometheus lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 unit: install prometheus

@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         "traces": rows,
     }
     (args.out / "simulation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "simulation.md").write_text(
+        "# Autoscaling simulation (`python -m autoscaling.simulate`)\n\n"
+        f"Generated from simulation.json (seed {args.seed}).\n\n```\n" + table(rows) + "\n```\n")
     if not args.no_plot:
         plot(results, args.out / "simulation.png")
     return 0 if not failed else 1

@@ -212,13 +212,23 @@ def table(rows: list[dict], platform: str = "cpu") -> str:
         else:
             mem = f"{r['worker_rss_bytes'] / 2**30:.2f} GiB"
         lines.append(
-            f"| {r['run']} | {r['quantize'] or r['engine_quantization'] or 'bf16'} "
+            f"| {r['run']} | {r['quantize'] or r.get('engine_quantization') or 'bf16'} "
             f"| {r['weight_file_bytes'] / 1e6:.0f} MB | {mem} | {r['kv_blocks']} ({r['kv_tokens']}) "
             f"| {r['tokens_per_s']['1']:.1f} | {r['tokens_per_s']['32']:.0f} "
             f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} "
             f"| {r['greedy_identical']}/{len(r['greedy_token_ids'])} |"
         )
     return "\n".join(lines)
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    """The report's table, generated from its JSON (docs/quantization.md links it)."""
+    path.write_text(
+        "# Quantization report (`python -m bench.quant_report`)\n\n"
+        f"Generated from {path.with_suffix('.json').name}: run of {report['date']}, load average "
+        f"{report['load_average_at_start']} at the start and {report['load_average_at_end']} at "
+        f"the end; engine {report['engine']}.\n\n"
+        + table(report["models"], report.get("platform", "cpu")) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,9 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--platform", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: vLLM's CUDA build on a GPU (the gpu extra)")  # fmt: skip
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: measure this model folder
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite the .md beside --out from its JSON")
     args = parser.parse_args(argv)
     if args.one:
         args.out.write_text(json.dumps(measure(args.one, args.platform)))
+        return 0
+    if args.render:
+        write_markdown(json.loads(args.out.read_text()), args.out.with_suffix(".md"))
         return 0
 
     sys.path.insert(0, str(ROOT))
@@ -283,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
+    write_markdown(report, args.out.with_suffix(".md"))
     print()
     print(table(rows, args.platform))
     print()

@@ -163,6 +163,7 @@ def run_one(args) -> dict:
             ray_env.apply(PORT + 1)
         except ImportError:
             pass
+    os.environ.update(json.loads(args.env))  # a variant's own settings win
     import ray
     from ray import serve
 
@@ -172,7 +173,8 @@ def run_one(args) -> dict:
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app(_app_args(args.rate, json.loads(args.extra))), name="relay",
               route_prefix="/")  # fmt: skip
-    port = PORT
+    # Without HAProxy, direct ingress serves on the Router replica's own port.
+    port = int(os.environ.get("BENCH_CLIENT_PORT", PORT))
     results = []
     try:
         for streams in args.streams:
@@ -233,6 +235,7 @@ def run_one(args) -> dict:
 def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
     # This file as a script, the tree's own code on the path: a base commit need not have it.
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--extra", json.dumps(extra),
+           "--env", json.dumps(env),
            "--rate", str(args.rate), "--seconds", str(args.seconds),
            "--max-tokens", str(args.max_tokens), "--refusals", str(args.refusals),
            "--streams", *map(str, args.streams)]
@@ -304,7 +307,7 @@ def render(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--rate", type=float, default=50.0, help="tokens/s per stream")
@@ -319,11 +322,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "relay_cost.json")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--extra", default="{}", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--env", default="{}", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(run_one(args)))
         return
-    systems = [("this", ROOT, {}, {}, "this tree, shipped defaults")]
+    systems = [("this", ROOT, {}, {}, "kept: this tree's defaults (HAProxy, throughput-optimized "
+                "Serve, stream_flush_ms 50)")]
     for v in args.variant:
         name, _, spec = v.partition(":")
         spec = json.loads(spec)
@@ -333,7 +338,8 @@ def main() -> None:
     if args.base:
         worktree = Path(tempfile.mkdtemp(prefix="relay-base-"))
         _git("worktree", "add", "--detach", str(worktree), args.base)
-        systems.append(("before", worktree, {}, {}, f"commit {_git('rev-parse', '--short', args.base)}"))
+        systems.append(("before", worktree, {}, {}, f"commit {_git('rev-parse', '--short', args.base)}"
+                        " (one Ray item per token, the proxy in the path)"))
     doc = {"commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain") else ""),
            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
            "machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
@@ -358,6 +364,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(doc))
+    if args.out.resolve() == (RESULTS / "relay_cost.json").resolve():
+        from bench import summary
+
+        summary.update_readme()
     print(render(doc))
 
 

@@ -13,8 +13,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from chaos import report
-from chaos.scenarios import SCENARIOS, run
+from serve_app import ray_env
+
+ray_env.apply()  # before anything imports Ray (its token mode is read at import)
+
+from chaos import report  # noqa: E402
+from chaos.scenarios import SCENARIOS, run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,8 +106,9 @@ class ChaosCluster:
         os.makedirs(self.tmp_dir, exist_ok=True)
         os.environ["RAY_TMPDIR"] = self.tmp_dir  # read when the head node is created
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        # The platform's Ray environment (serve_app/ray_env.py), its fixed ports in this block.
-        ray_env.apply(self.port_base + 5)
+        # The platform's Ray environment (serve_app/ray_env.py, applied when this process
+        # started: chaos/__main__.py), with its fixed ports in this block.
+        os.environ.update(ray_env.port_env(self.port_base + 5))
         import ray
         from ray import serve
         from ray.cluster_utils import Cluster

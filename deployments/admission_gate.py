@@ -2,7 +2,7 @@
 
 Acts on the pure policies (serve_app/rate_limit.py, serve_app/admission.py) with asyncio futures
 and the clock; holds no policy of its own. One gate per Router replica; limits and queue capacity
-are this replica's share of the app's (see TenantLimiter and README "Admission control").
+are this replica's share of the app's (see TenantLimiter and docs/admission.md).
 """
 
 from __future__ import annotations

@@ -34,7 +34,14 @@ from serve_app import tracing as tracing_
 from serve_app.config import ModelConfig, TracingConfig
 from serve_app.gpu import read_gpus
 from serve_app.metrics import ReplicaGpuMetrics
-from serve_app.replica_call import COMPLETIONS_PATH, EngineStats, ReplicaRequest, ReplyHead, Usage
+from serve_app.replica_call import (
+    COMPLETIONS_PATH,
+    EngineStats,
+    ReplicaRequest,
+    ReplyEnd,
+    ReplyHead,
+    Usage,
+)
 from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")

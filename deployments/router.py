@@ -22,11 +22,11 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
-from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.admission_gate import Gate, Ticket
 from deployments.http_app import http_app, read_body
+from deployments.reply_relay import ReplyRelay
 from deployments.request_log import RequestTrail
 from deployments.request_path import (
     OpenReply,
@@ -35,7 +35,6 @@ from deployments.request_path import (
     health_counts,
     outcome_of,
     session_of,
-    sse_error,
     unless_disconnected,
 )
 from serve_app import openapi_docs, tracing
@@ -47,8 +46,6 @@ from serve_app.replica_call import (
     COMPLETIONS_PATH,
     GENERATION_PATHS,
     ReplicaRequest,
-    ReplyEnd,
-    ReplyHead,
 )
 from serve_app.tenancy import (
     TenantDirectory,
@@ -64,7 +61,6 @@ REFRESH_TIMEOUT_S = 10.0  # a stalled controller: keep the last counts, ask agai
 RECLAIM_GRACE_S = 5.0
 # Request headers a replica gets (the engine's server reads them); the API key is not one.
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
-UNAVAILABLE = "the model is unavailable; retry shortly"
 
 app = http_app()
 
@@ -91,6 +87,7 @@ class Router:
         # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
         # deadlines (one timer for all instead of a timeout around every item).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
+        self._relay = ReplyRelay(self._gate, self._dispatched)
         self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         self._metrics = RouterMetrics()
         tracing.configure_tracing(**self._config.tracing.model_dump())
@@ -245,10 +242,10 @@ class Router:
         head = reply.head
         if head.is_stream:
             trail.stream = True
-            return StreamingResponse(self._sse(reply), status_code=head.status,
+            return StreamingResponse(self._relay.sse(reply), status_code=head.status,
                                      media_type=head.content_type)  # fmt: skip
         try:
-            content = await unless_disconnected(self._collect(reply), request.receive)
+            content = await unless_disconnected(self._relay.collect(reply), request.receive)
         except BaseException as e:
             trail.finish(*outcome_of(e))
             raise
@@ -291,7 +288,7 @@ class Router:
             self._gate.precheck(tenant)
             reply = await self._open(path, body, body_size(body), tenant, request_id,
                                      trail=trail)  # fmt: skip
-            content = await self._collect(reply)
+            content = await self._relay.collect(reply)
             if reply.head.status >= 400:
                 raise OpenAIError.from_reply(reply.head.status, content)
             trail.finish("ok")
@@ -310,9 +307,9 @@ class Router:
             reply = await self._open(path, body, body_size(body), tenant, request_id,
                                      trail=trail)  # fmt: skip
             if not reply.head.is_stream:
-                raise OpenAIError.from_reply(reply.head.status, await self._collect(reply))
+                raise OpenAIError.from_reply(reply.head.status, await self._relay.collect(reply))
             chunks = SseChunks()
-            async for data in self._parts(reply):
+            async for data in self._relay.parts(reply):
                 for chunk in chunks.feed(data):
                     yield chunk
             trail.finish("ok")
@@ -378,7 +375,7 @@ class Router:
                     *(() if any(k == "content-type" for k, _ in headers)
                       else (("content-type", "application/json"),))))  # fmt: skip
                 dispatched_s = time.monotonic()
-                stream, head = await self._dispatch(handle, request, ticket,
+                stream, head = await self._relay.dispatch(handle, request, ticket,
                                                     session_id or session_of(body))  # fmt: skip
                 span.set_attribute("llmserve.replica", head.replica_id)
         except BaseException:
@@ -391,121 +388,4 @@ class Router:
         # Not the current span: the reply is consumed later, possibly in another task.
         span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
         return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)
-
-    async def _dispatch(self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket,
-                        session: str) -> tuple[DeploymentResponseGenerator, ReplyHead]:  # fmt: skip
-        """Sends to a replica and waits for its reply head. A replica that fails before any
-        output (it died, or says it is unhealthy) costs one retry on another replica."""
-        for attempt in (1, 2):
-            options = {"stream": True, "session_id": session} if session else {"stream": True}
-            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(
-                request)
-            self._dispatched[ticket.entry_id] = (ticket, stream)
-            try:
-                head = await self._next(stream, ticket)
-            except (OpenAIError, asyncio.CancelledError):
-                stream.cancel()  # the caller left or the deadline passed
-                raise
-            except StopAsyncIteration:
-                raise OpenAIError(500, "the replica ended the reply without a head") from None
-            except Exception as e:
-                stream.cancel()
-                logger.warning("request %s failed before output on attempt %d: %r",
-                               request.request_id, attempt, e)  # fmt: skip
-                if attempt == 2:
-                    raise OpenAIError(503, UNAVAILABLE, headers={"Retry-After": "1"}) from None
-                continue
-            if head.code == "replica_unhealthy":
-                stream.cancel()
-                if attempt == 1:
-                    # Retry elsewhere: the refusing replica scores best (it holds nothing) until
-                    # it exits, so the request router must be told to skip it.
-                    request = ReplicaRequest(request.request_id, request.path, request.body,
-                                             request.headers, head.replica_id)  # fmt: skip
-                    continue
-                raise OpenAIError(503, UNAVAILABLE, code="replica_unhealthy",
-                                  headers={"Retry-After": "1"})  # fmt: skip
-            return stream, head
-        raise AssertionError("unreachable")
-
-    async def _next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
-        """The reply's next item, or a 504 once the request's deadline has cancelled it."""
-        try:
-            return await stream.__anext__()
-        except RequestCancelledError:
-            if not ticket.expired:
-                raise
-            self._gate.num_rejected[(ticket.model, "deadline")] += 1
-            raise OpenAIError(504, "the request's deadline passed during generation",
-                              code="deadline_exceeded") from None  # fmt: skip
-
-    async def _parts(self, r: OpenReply) -> AsyncIterator[bytes]:
-        """The reply's bytes as they come; raises OpenAIError if it fails midway."""
-        try:
-            if r.head.body:
-                yield r.head.body
-            while True:
-                try:
-                    item = await self._next(r.rest, r.ticket)
-                except StopAsyncIteration:
-                    raise OpenAIError(503, "the model replica ended the reply early; retry",
-                                      headers={"Retry-After": "1"}) from None  # fmt: skip
-                except (OpenAIError, asyncio.CancelledError):
-                    raise
-                except Exception as e:  # the replica or its engine died mid-reply
-                    r.replica_failed = True
-                    logger.warning("request %s failed during generation: %r", r.trail.request_id,
-                                   e)  # fmt: skip
-                    raise OpenAIError(503, "the model replica failed during generation; retry",
-                                      headers={"Retry-After": "1"}) from None  # fmt: skip
-                if isinstance(item, ReplyEnd):
-                    r.end = item
-                    if item.body:
-                        yield item.body
-                    return
-                yield item
-        finally:
-            self._settle(r)
-
-    def _settle(self, r: OpenReply) -> None:
-        """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""
-        self._dispatched.pop(r.ticket.entry_id, None)
-        end = r.end
-        if end is None:
-            r.rest.cancel()  # aborts the engine request and frees its KV blocks
-            # What a reply cut short used is unknown: a client that left (or ran out of time)
-            # is charged what it reserved, so leaving is no way around the limit; a replica's
-            # failure costs the tenant nothing.
-            used = 0 if r.replica_failed else r.ticket.num_reserved_tokens
-            self._gate.finish(r.ticket, used)
-        else:
-            u = end.usage
-            r.trail.num_prompt_tokens = u.num_prompt_tokens
-            r.trail.num_completion_tokens = u.num_completion_tokens
-            if not r.head.is_stream and u.first_output_s is not None:
-                r.trail.first_s = r.dispatched_s + u.first_output_s
-                r.trail.generation_s = (u.last_output_s or u.first_output_s) - u.first_output_s
-            self._gate.finish(r.ticket, u.num_total_tokens)
-        r.span.set_attribute("llmserve.completion_tokens", r.trail.num_completion_tokens)
-        r.span.set_attribute("llmserve.completed", end is not None and not end.failed)
-        r.span.end()
-
-    async def _collect(self, r: OpenReply) -> bytes:
-        return b"".join([part async for part in self._parts(r)])
-
-    async def _sse(self, r: OpenReply) -> AsyncIterator[bytes]:
-        outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
-        try:
-            async for part in self._parts(r):
-                yield part
-            outcome = ("ok", "") if not r.end.failed else ("500", "engine_error")
-        except OpenAIError as e:
-            outcome = outcome_of(e)
-            yield sse_error(e)
-        except Exception:  # a bug of ours: still end the stream the way clients expect
-            logger.exception("stream %s failed", r.trail.request_id)
-            outcome = ("500", "")
-            yield sse_error(OpenAIError(500, "internal server error"))
-        finally:
-            r.trail.finish(*outcome)
 

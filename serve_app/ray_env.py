@@ -70,15 +70,25 @@ def cluster_env(port_base: int | None = None, single_machine: bool = True) -> di
     if single_machine:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     if port_base is not None:
-        env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(port_base)
-        env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(port_base + 1)
-        env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] = str(port_base + 2)
-        env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] = str(port_base + 3)
+        env.update(port_env(port_base))
     return env
 
 
+def port_env(port_base: int) -> dict[str, str]:
+    """HAProxy's and the fallback proxy's fixed ports, moved to port_base .. +3. Read by Ray's
+    processes when they start, so it may be set after this process imported Ray."""
+    return {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(port_base),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(port_base + 1),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(port_base + 2),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(port_base + 3),
+    }
+
+
 def apply(port_base: int | None = None) -> dict[str, str]:
-    """Put `cluster_env` into this process's environment, before `ray.init()` starts Ray."""
+    """Put `cluster_env` into this process's environment. Before this process imports Ray:
+    Ray reads its authentication mode once, at import (a process that imported Ray before
+    would not send the token its cluster asks for)."""
     env = cluster_env(port_base)
     os.environ.update(env)
     return env

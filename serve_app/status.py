@@ -254,13 +254,16 @@ def run(
     once: bool,
     out=None,
     timeout_s: float = 5.0,
+    api_key: str | None = None,
 ) -> int:
     """The live view; with `once`, two scrapes `interval_s` apart and one printed table.
-    `timeout_s` bounds each HTTP call (the Router's /healthz, each metrics export)."""
+    `timeout_s` bounds each HTTP call (the Router's /healthz, each metrics export); `api_key`
+    makes /healthz name the models (without one it gives counts only)."""
     import httpx
 
     out = out or sys.stdout
-    client = httpx.Client(timeout=timeout_s)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    client = httpx.Client(timeout=timeout_s, headers=headers)
 
     def get_text(u: str) -> str:
         r = client.get(u)

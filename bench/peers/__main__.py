@@ -1,5 +1,5 @@
 """`python -m bench.peers --full|--smoke [--systems ...]`: start each system in turn, measure it,
-stop it, and write the report. See bench/peers/__init__.py and README "Benchmarks against peers".
+stop it, and write the report. See bench/peers/__init__.py and docs/benchmarks.md.
 
 Systems run one at a time, in the order llmserve, ray-serve-llm, vllm: the open-loop loads are
 multiples of llmserve's capacity, so it is measured first. Exit status 1 when a system failed to
@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         results["load_average_end"] = machine.load_average()
         results["wall_s"] = round(time.monotonic() - t0, 1)
         paths = report.write(results, out_dir, stamp)
+        if out_dir.resolve() == (ROOT / "bench" / "results").resolve() and not args.smoke:
+            from bench import summary
+
+            summary.update_readme()  # the README's figures, from these results
         print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
         print(f"total {results['wall_s'] / 60:.1f} min")
     failed = [n for n, e in results["systems"].items()

@@ -209,10 +209,7 @@ def otlp():
 @pytest.fixture(scope="session")
 def serve_cluster():
     """Starts Ray and Serve's proxy once; yields the base URL. Apps come from their modules."""
-    from serve_app import ray_env
-
-    ray_env.apply(PORT + 1)  # before Ray starts: every Ray process reads it at start
-    import ray
+    import ray  # in the platform's Ray environment: tests/conftest.py
     from ray import serve
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,

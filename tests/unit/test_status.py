@@ -225,7 +225,7 @@ def test_cli_status_once_against_fake_endpoints(monkeypatch):
             return {"status": "ok", "models": {M: {"capacity": 16, "in_flight": 0, "queued": 0}}}
 
     class FakeClient:
-        def __init__(self, timeout):
+        def __init__(self, timeout, headers=None):
             pass
 
         def get(self, url):

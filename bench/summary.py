@@ -1,0 +1,97 @@
+"""The README's performance summary, written from the benchmarks' results files.
+
+    .venv/bin/python -m bench.summary     # rewrites the block between the README's markers
+
+Reads bench/results/relay_cost.json (bench.relay_cost) and peers_latest.json (make bench); each
+figure carries the commit, date and machine of the run that measured it. bench.relay_cost and
+bench.peers call it after writing their results, so the README never holds a figure typed by
+hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- summary:begin (bench/summary.py) -->", "<!-- summary:end -->"
+
+
+def _relay(doc: dict) -> list[str]:
+    by_name = {s["name"]: s for s in doc["systems"]}
+    this, before = by_name.get("this"), by_name.get("before")
+    if this is None:
+        return []
+    lines = [f"Relay cost at GPU rates (`python -m bench.relay_cost`, simulated engine at "
+             f"{doc['rate_per_stream']:g} tokens/s a stream; commit {doc['commit']}, "
+             f"{doc['date']}, {doc['machine']}), CPU ms per streamed token:", "",
+             "| streams | system | delivered tok/s | proxy + Router + replica | Router | all of Ray |",
+             "|---|---|---|---|---|---|"]
+    for run in this["runs"]:
+        rows = [("this", run)]
+        if before:
+            rows += [("before", r) for r in before["runs"] if r["streams"] == run["streams"]]
+        for name, r in rows:
+            lines.append(f"| {r['streams']} | {name} | {r['delivered_tokens_per_s']} | "
+                         f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token']['router']:.3f}"
+                         f" | {r['cpu_ms_per_token_all']:.3f} |")
+    bursts = this.get("refusals") or []
+    if bursts:
+        b = bursts[-1]
+        lines += ["", f"{b['sent']} requests at once from a tenant allowed 1/s: {b['refused']} "
+                  f"refused, p99 {b['p99_ms']} ms, {b['cpu_ms_per_request_path']:.3f} ms of "
+                  "proxy + Router CPU a request."]
+    return lines
+
+
+def _peers(doc: dict) -> list[str]:
+    systems = doc["systems"]
+    names = [n for n in ("vllm", "ray-serve-llm", "llmserve") if n in systems]
+    label = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve"}
+
+    def at(name: str, concurrency: int) -> dict:
+        return next((r for r in systems[name].get("sweep") or []
+                     if r["concurrency"] == concurrency), {})
+
+    lines = [f"Against the peers on the real default model (`make bench`; git "
+             f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}), one after the other "
+             "on this machine:", "",
+             "| | " + " | ".join(label[n] for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for c in (16, 64):
+        cells = []
+        for n in names:
+            r = at(n, c)
+            base = at("vllm", c).get("output_throughput")
+            ratio = f" (x{r['output_throughput'] / base:.2f})" if r and base and n != "vllm" else ""
+            refused = f", {r['refused_share']:.0%} refused" if r.get("refused_share") else ""
+            cells.append(f"{r.get('output_throughput', '-')}{ratio}{refused}")
+        lines.append(f"| output tokens/s at {c} streams | " + " | ".join(cells) + " |")
+    cells = [f"{at(n, 1).get('ttft_p50_ms', '-')}" for n in names]
+    lines.append("| TTFT p50 at 1 stream (ms) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render() -> str:
+    parts = []
+    for name, fn in (("relay_cost.json", _relay), ("peers_latest.json", _peers)):
+        path = RESULTS / name
+        if path.exists():
+            parts.append("\n".join(fn(json.loads(path.read_text()))))
+    return "\n\n".join(p for p in parts if p)
+
+
+def update_readme() -> None:
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        return
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{render()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    update_readme()
+    print(render())

@@ -1,0 +1,154 @@
+"""The Router's half of the token path: a forwarded request's reply, relayed as it comes.
+
+Bytes in, bytes out, per item (several tokens each): nothing is parsed per token. Settling a
+reply gives its admission slot back and charges the tenant's token bucket with the usage the
+replica counted, once, however the reply ended; a deadline that passed ends it with a 504.
+
+In a module of its own (imported, so pickled by reference): @serve.ingress pickles the Router's
+app by value while deployments/router.py is still being imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from ray.serve.exceptions import RequestCancelledError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from deployments.admission_gate import Gate, Ticket
+from deployments.request_path import OpenReply, outcome_of, sse_error
+from serve_app.openai_protocol import OpenAIError
+from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+
+logger = logging.getLogger("ray.serve")
+UNAVAILABLE = "the model is unavailable; retry shortly"
+
+
+class ReplyRelay:
+    def __init__(
+        self, gate: Gate, dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]]
+    ) -> None:
+        self.gate = gate
+        # Dispatched and not yet finished, by entry id: the Router's housekeeping enforces
+        # their deadlines.
+        self.dispatched = dispatched
+
+    async def dispatch(self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket,
+                        session: str) -> tuple[DeploymentResponseGenerator, ReplyHead]:  # fmt: skip
+        """Sends to a replica and waits for its reply head. A replica that fails before any
+        output (it died, or says it is unhealthy) costs one retry on another replica."""
+        for attempt in (1, 2):
+            options = {"stream": True, "session_id": session} if session else {"stream": True}
+            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(
+                request)
+            self.dispatched[ticket.entry_id] = (ticket, stream)
+            try:
+                head = await self.next(stream, ticket)
+            except (OpenAIError, asyncio.CancelledError):
+                stream.cancel()  # the caller left or the deadline passed
+                raise
+            except StopAsyncIteration:
+                raise OpenAIError(500, "the replica ended the reply without a head") from None
+            except Exception as e:
+                stream.cancel()
+                logger.warning("request %s failed before output on attempt %d: %r",
+                               request.request_id, attempt, e)  # fmt: skip
+                if attempt == 2:
+                    raise OpenAIError(503, UNAVAILABLE, headers={"Retry-After": "1"}) from None
+                continue
+            if head.code == "replica_unhealthy":
+                stream.cancel()
+                if attempt == 1:
+                    # Retry elsewhere: the refusing replica scores best (it holds nothing) until
+                    # it exits, so the request router must be told to skip it.
+                    request = ReplicaRequest(request.request_id, request.path, request.body,
+                                             request.headers, head.replica_id)  # fmt: skip
+                    continue
+                raise OpenAIError(503, UNAVAILABLE, code="replica_unhealthy",
+                                  headers={"Retry-After": "1"})  # fmt: skip
+            return stream, head
+        raise AssertionError("unreachable")
+
+    async def next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
+        """The reply's next item, or a 504 once the request's deadline has cancelled it."""
+        try:
+            return await stream.__anext__()
+        except RequestCancelledError:
+            if not ticket.expired:
+                raise
+            self.gate.num_rejected[(ticket.model, "deadline")] += 1
+            raise OpenAIError(504, "the request's deadline passed during generation",
+                              code="deadline_exceeded") from None  # fmt: skip
+
+    async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
+        """The reply's bytes as they come; raises OpenAIError if it fails midway."""
+        try:
+            if r.head.body:
+                yield r.head.body
+            while True:
+                try:
+                    item = await self.next(r.rest, r.ticket)
+                except StopAsyncIteration:
+                    raise OpenAIError(503, "the model replica ended the reply early; retry",
+                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                except (OpenAIError, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # the replica or its engine died mid-reply
+                    r.replica_failed = True
+                    logger.warning("request %s failed during generation: %r", r.trail.request_id,
+                                   e)  # fmt: skip
+                    raise OpenAIError(503, "the model replica failed during generation; retry",
+                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                if isinstance(item, ReplyEnd):
+                    r.end = item
+                    if item.body:
+                        yield item.body
+                    return
+                yield item
+        finally:
+            self.settle(r)
+
+    def settle(self, r: OpenReply) -> None:
+        """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""
+        self.dispatched.pop(r.ticket.entry_id, None)
+        end = r.end
+        if end is None:
+            r.rest.cancel()  # aborts the engine request and frees its KV blocks
+            # What a reply cut short used is unknown: a client that left (or ran out of time)
+            # is charged what it reserved, so leaving is no way around the limit; a replica's
+            # failure costs the tenant nothing.
+            used = 0 if r.replica_failed else r.ticket.num_reserved_tokens
+            self.gate.finish(r.ticket, used)
+        else:
+            u = end.usage
+            r.trail.num_prompt_tokens = u.num_prompt_tokens
+            r.trail.num_completion_tokens = u.num_completion_tokens
+            if not r.head.is_stream and u.first_output_s is not None:
+                r.trail.first_s = r.dispatched_s + u.first_output_s
+                r.trail.generation_s = (u.last_output_s or u.first_output_s) - u.first_output_s
+            self.gate.finish(r.ticket, u.num_total_tokens)
+        r.span.set_attribute("llmserve.completion_tokens", r.trail.num_completion_tokens)
+        r.span.set_attribute("llmserve.completed", end is not None and not end.failed)
+        r.span.end()
+
+    async def collect(self, r: OpenReply) -> bytes:
+        return b"".join([part async for part in self.parts(r)])
+
+    async def sse(self, r: OpenReply) -> AsyncIterator[bytes]:
+        outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
+        try:
+            async for part in self.parts(r):
+                yield part
+            outcome = ("ok", "") if not r.end.failed else ("500", "engine_error")
+        except OpenAIError as e:
+            outcome = outcome_of(e)
+            yield sse_error(e)
+        except Exception:  # a bug of ours: still end the stream the way clients expect
+            logger.exception("stream %s failed", r.trail.request_id)
+            outcome = ("500", "")
+            yield sse_error(OpenAIError(500, "internal server error"))
+        finally:
+            r.trail.finish(*outcome)
+
