@@ -34,8 +34,12 @@ class AutoscalingParams:
             raise ValueError("need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
         if self.target_per_replica <= 0 or not 0 < self.downscale_headroom <= 1:
             raise ValueError("target_per_replica > 0 and 0 < downscale_headroom <= 1")
-        durations_s = (self.upscale_delay_s, self.downscale_delay_s, self.replica_start_s,
-                       self.scale_to_zero_after_s)  # fmt: skip
+        durations_s = (
+            self.upscale_delay_s,
+            self.downscale_delay_s,
+            self.replica_start_s,
+            self.scale_to_zero_after_s,
+        )
         if min(durations_s) < 0:
             raise ValueError("delays, replica_start_s and scale_to_zero_after_s must be >= 0")
 
@@ -97,16 +101,18 @@ def decide(s: Signals, p: AutoscalingParams, state: PolicyState) -> tuple[int, P
     want = min(max(desired_for(s.load, p), floor), p.max_replicas)
     if want > target:
         since = state.want_up_since_s if state.want_up_since_s is not None else now
-        starting = target > s.current_replicas and state.last_change_s is not None and (
-            now - state.last_change_s < p.replica_start_s
-        )  # fmt: skip
+        starting = (
+            target > s.current_replicas
+            and state.last_change_s is not None
+            and (now - state.last_change_s < p.replica_start_s)
+        )
         if now - since >= p.upscale_delay_s and not starting:
             return _change(want, +1, now, state)
         return target, replace(state, want_up_since_s=since, want_down_since_s=None)
 
     fits_in_fewer = target > floor and s.load <= (target - 1) * p.target_per_replica * (
         p.downscale_headroom
-    )  # fmt: skip
+    )
     if fits_in_fewer:
         since = state.want_down_since_s if state.want_down_since_s is not None else now
         if now - since >= p.downscale_delay_s:
@@ -118,5 +124,10 @@ def decide(s: Signals, p: AutoscalingParams, state: PolicyState) -> tuple[int, P
 
 
 def _change(n: int, direction: int, now: float, state: PolicyState) -> tuple[int, PolicyState]:
-    return n, replace(state, want_up_since_s=None, want_down_since_s=None, last_change_s=now,
-                      last_direction=direction)  # fmt: skip
+    return n, replace(
+        state,
+        want_up_since_s=None,
+        want_down_since_s=None,
+        last_change_s=now,
+        last_direction=direction,
+    )

@@ -41,10 +41,18 @@ class LLMQueueAutoscalingPolicy:
         )
         state = PolicyState(**(ctx.policy_state or {}).get("llmserve", {}))
         replicas, state = decide(signals, self._params, state)
-        replicas = min(max(replicas, ctx.capacity_adjusted_min_replicas),
-                       ctx.capacity_adjusted_max_replicas)  # fmt: skip
+        replicas = min(
+            max(replicas, ctx.capacity_adjusted_min_replicas), ctx.capacity_adjusted_max_replicas
+        )
         log = logger.info if replicas != ctx.target_num_replicas else logger.debug
-        log("autoscaling %s: %d -> %d replicas (router queue %.1f, engines running %.1f, "
-            "waiting %.1f)", ctx.deployment_name, ctx.target_num_replicas, replicas, queued,
-            running, waiting)  # fmt: skip
+        log(
+            "autoscaling %s: %d -> %d replicas (router queue %.1f, engines running %.1f, "
+            "waiting %.1f)",
+            ctx.deployment_name,
+            ctx.target_num_replicas,
+            replicas,
+            queued,
+            running,
+            waiting,
+        )
         return replicas, {"llmserve": dataclasses.asdict(state)}

@@ -94,9 +94,15 @@ def arrivals(trace: Trace, seed: int, period_s: float = 1.0) -> np.ndarray:
     return np.sort(tick + rng.random(len(tick)) * period_s)
 
 
-def simulate(trace: Trace, model: ReplicaModel = ReplicaModel(),
-             params: AutoscalingParams | None = SIM_PARAMS, *, fixed_replicas: int | None = None,
-             seed: int = 0, arrival_s: np.ndarray | None = None) -> Run:  # fmt: skip
+def simulate(
+    trace: Trace,
+    model: ReplicaModel = ReplicaModel(),
+    params: AutoscalingParams | None = SIM_PARAMS,
+    *,
+    fixed_replicas: int | None = None,
+    seed: int = 0,
+    arrival_s: np.ndarray | None = None,
+) -> Run:
     """Run the trace under `decide(params)`, or with `fixed_replicas` running all along."""
     period, service = model.control_period_s, model.service_s
     arr = arrivals(trace, seed, period) if arrival_s is None else arrival_s
@@ -155,10 +161,14 @@ def simulate(trace: Trace, model: ReplicaModel = ReplicaModel(),
         if fixed_replicas is None:
             # Ray hands the policy each metric averaged over look_back_period_s.
             lo = max(0, k + 1 - window)
-            signals = Signals(now_s=now, current_replicas=ready, target_replicas=target,
-                              router_queued=float(queued_tl[lo:k + 1].mean()),
-                              engine_running=float(running_tl[lo:k + 1].mean()),
-                              engine_waiting=0.0)  # fmt: skip
+            signals = Signals(
+                now_s=now,
+                current_replicas=ready,
+                target_replicas=target,
+                router_queued=float(queued_tl[lo : k + 1].mean()),
+                engine_running=float(running_tl[lo : k + 1].mean()),
+                engine_waiting=0.0,
+            )
             want, state = decide(signals, params, state)  # type: ignore[arg-type]
             while len(live) < want:
                 add(now, model.replica_start_s)
@@ -187,11 +197,12 @@ def simulate(trace: Trace, model: ReplicaModel = ReplicaModel(),
     replica_seconds = sum(
         min(end, end if gone is None else max(gone, last_end[rid])) - requested_at[rid]
         for rid, gone in enumerate(ended_at)
-    )  # fmt: skip
+    )
     start_s = np.full(len(arr), np.inf)
     start_s[:i] = starts
-    return Run(arr, start_s, ticks[:-1], queued_tl, running_tl, target_tl, ready_tl,
-               replica_seconds, end)  # fmt: skip
+    return Run(
+        arr, start_s, ticks[:-1], queued_tl, running_tl, target_tl, ready_tl, replica_seconds, end
+    )
 
 
 def direction_changes(targets: np.ndarray) -> int:
@@ -208,23 +219,33 @@ def meets_ttft(run: Run, model: ReplicaModel, ttft_target_s: float = TTFT_TARGET
     return float(np.mean(ttft_s(run, model) <= ttft_target_s)) if len(run.arrival_s) else 1.0
 
 
-def fixed_replicas_for_peak(trace: Trace, model: ReplicaModel, seed: int = 0,
-                            ttft_target_s: float = TTFT_TARGET_S, objective: float = TTFT_OBJECTIVE,
-                            sizing_s: int = 600) -> int:  # fmt: skip
+def fixed_replicas_for_peak(
+    trace: Trace,
+    model: ReplicaModel,
+    seed: int = 0,
+    ttft_target_s: float = TTFT_TARGET_S,
+    objective: float = TTFT_OBJECTIVE,
+    sizing_s: int = 600,
+) -> int:
     """The fewest replicas that meet the TTFT objective under the trace's peak rate, sustained
     (`sizing_s` of it): what one provisions for the peak without autoscaling."""
     peak = float(trace.rate_per_s.max())
     at_peak = Trace("peak", np.full(sizing_s, peak), f"{peak:g} req/s")
     arr = arrivals(at_peak, seed, model.control_period_s)
     n = max(1, math.ceil(peak * model.service_s / model.slots))  # enough slots for the mean
-    while meets_ttft(simulate(at_peak, model, None, fixed_replicas=n, arrival_s=arr), model,
-                     ttft_target_s) < objective:  # fmt: skip
+    while (
+        meets_ttft(
+            simulate(at_peak, model, None, fixed_replicas=n, arrival_s=arr), model, ttft_target_s
+        )
+        < objective
+    ):
         n += 1
     return n
 
 
-def absorb_s(run: Run, trace: Trace, model: ReplicaModel,
-             ttft_target_s: float = TTFT_TARGET_S) -> float | None:  # fmt: skip
+def absorb_s(
+    run: Run, trace: Trace, model: ReplicaModel, ttft_target_s: float = TTFT_TARGET_S
+) -> float | None:
     """From a spike's start to the arrival of its last request that misses the TTFT target
     (0 if none does): after that the spike is served within the objective."""
     if trace.event_s is None:
@@ -235,9 +256,13 @@ def absorb_s(run: Run, trace: Trace, model: ReplicaModel,
     return float(run.arrival_s[late].max() - trace.event_s) if late.any() else 0.0
 
 
-def figures(trace: Trace, model: ReplicaModel = ReplicaModel(),
-            params: AutoscalingParams = SIM_PARAMS, seed: int = 0,
-            ttft_target_s: float = TTFT_TARGET_S) -> tuple[dict, Run]:  # fmt: skip
+def figures(
+    trace: Trace,
+    model: ReplicaModel = ReplicaModel(),
+    params: AutoscalingParams = SIM_PARAMS,
+    seed: int = 0,
+    ttft_target_s: float = TTFT_TARGET_S,
+) -> tuple[dict, Run]:
     """The report for one trace, and the autoscaled run it came from."""
     arr = arrivals(trace, seed, model.control_period_s)
     run = simulate(trace, model, params, arrival_s=arr)
@@ -256,8 +281,9 @@ def figures(trace: Trace, model: ReplicaModel = ReplicaModel(),
         "fixed_replica_seconds": fixed_rs,
         "cost_vs_fixed": round(run.replica_seconds / fixed_rs, 4),
         # A clairvoyant autoscaler: instant starts, every slot busy, no headroom or hysteresis.
-        "ideal_cost_vs_fixed": round(float(np.ceil(
-            trace.rate_per_s * model.service_s / model.slots).mean()) / fixed, 4),
+        "ideal_cost_vs_fixed": round(
+            float(np.ceil(trace.rate_per_s * model.service_s / model.slots).mean()) / fixed, 4
+        ),
         "ttft_target_s": ttft_target_s,
         "share_within_ttft": round(meets_ttft(run, model, ttft_target_s), 5),
         "ttft_p50_s": _finite(np.percentile(ttft, 50)) if len(ttft) else None,
@@ -266,7 +292,8 @@ def figures(trace: Trace, model: ReplicaModel = ReplicaModel(),
         "max_replicas": int(run.target.max()),
         "direction_changes": direction_changes(run.target),
         "direction_changes_per_10_min": round(
-            direction_changes(run.target) / (run.duration_s / 600), 3),
+            direction_changes(run.target) / (run.duration_s / 600), 3
+        ),
         "scale_events": int(np.count_nonzero(np.diff(run.target))),
         "absorb_s": absorb_s(run, trace, model, ttft_target_s),
     }, run
@@ -289,19 +316,24 @@ def check_targets(fig: dict) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    cols = [("trace", "trace", "{}"), ("requests", "requests", "{}"),
-            ("replica-s", "replica_seconds", "{:.0f}"), ("fixed", "fixed_replicas", "{}"),
-            ("fixed replica-s", "fixed_replica_seconds", "{:.0f}"),
-            ("cost vs fixed", "cost_vs_fixed", "{:.1%}"),
-            ("ideal", "ideal_cost_vs_fixed", "{:.1%}"),
-            (f"TTFT<={TTFT_TARGET_S:g}s", "share_within_ttft", "{:.2%}"),
-            ("p99 TTFT s", "ttft_p99_s", "{:.2f}"), ("max queue", "max_queued", "{}"),
-            ("max repl", "max_replicas", "{}"),
-            ("dir chg/10min", "direction_changes_per_10_min", "{:.2f}"),
-            ("absorb s", "absorb_s", "{:.0f}")]  # fmt: skip
+    cols = [
+        ("trace", "trace", "{}"),
+        ("requests", "requests", "{}"),
+        ("replica-s", "replica_seconds", "{:.0f}"),
+        ("fixed", "fixed_replicas", "{}"),
+        ("fixed replica-s", "fixed_replica_seconds", "{:.0f}"),
+        ("cost vs fixed", "cost_vs_fixed", "{:.1%}"),
+        ("ideal", "ideal_cost_vs_fixed", "{:.1%}"),
+        (f"TTFT<={TTFT_TARGET_S:g}s", "share_within_ttft", "{:.2%}"),
+        ("p99 TTFT s", "ttft_p99_s", "{:.2f}"),
+        ("max queue", "max_queued", "{}"),
+        ("max repl", "max_replicas", "{}"),
+        ("dir chg/10min", "direction_changes_per_10_min", "{:.2f}"),
+        ("absorb s", "absorb_s", "{:.0f}"),
+    ]
     cells = [[h for h, _, _ in cols]] + [
         ["-" if r[k] is None else f.format(r[k]) for _, k, f in cols] for r in rows
-    ]  # fmt: skip
+    ]
     widths = [max(len(row[j]) for row in cells) for j in range(len(cols))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
@@ -314,20 +346,24 @@ def plot(results: list[tuple[Trace, dict, Run]], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(3, len(results), figsize=(5.5 * len(results), 8), sharex="col",
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        3, len(results), figsize=(5.5 * len(results), 8), sharex="col", squeeze=False
+    )
     for j, (trace, fig_row, run) in enumerate(results):
         minutes = run.t_s / 60
         load_ax, queue_ax, repl_ax = axes[:, j]
         load_ax.plot(minutes, trace.rate_per_s, lw=1, color="tab:blue")
-        load_ax.set_title(f"{trace.name}: {fig_row['cost_vs_fixed']:.0%} of fixed replica-s, "
-                          f"{fig_row['share_within_ttft']:.1%} TTFT<={fig_row['ttft_target_s']:g}s",
-                          fontsize=9)  # fmt: skip
+        load_ax.set_title(
+            f"{trace.name}: {fig_row['cost_vs_fixed']:.0%} of fixed replica-s, "
+            f"{fig_row['share_within_ttft']:.1%} TTFT<={fig_row['ttft_target_s']:g}s",
+            fontsize=9,
+        )
         queue_ax.plot(minutes, run.queued, lw=1, color="tab:red")
         repl_ax.step(minutes, run.target, where="post", lw=1.2, label="asked for")
         repl_ax.step(minutes, run.ready, where="post", lw=1, label="serving")
-        repl_ax.axhline(fig_row["fixed_replicas"], ls="--", color="grey", lw=1,
-                        label="fixed for peak")  # fmt: skip
+        repl_ax.axhline(
+            fig_row["fixed_replicas"], ls="--", color="grey", lw=1, label="fixed for peak"
+        )
         repl_ax.set_xlabel("minutes")
         repl_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if j == 0:
@@ -363,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = check_targets(daily) if daily else []
     if daily:
         verdict = "met" if not failed else "NOT met: " + "; ".join(failed)
-        print("daily trace targets (<=60% of fixed replica-s, >=99% within TTFT, <=3 direction "
-              f"changes / 10 min): {verdict}")
+        print(
+            "daily trace targets (<=60% of fixed replica-s, >=99% within TTFT, <=3 direction "
+            f"changes / 10 min): {verdict}"
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
@@ -379,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "simulation.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "simulation.md").write_text(
         "# Autoscaling simulation (`python -m autoscaling.simulate`)\n\n"
-        f"Generated from simulation.json (seed {args.seed}).\n\n```\n" + table(rows) + "\n```\n")
+        f"Generated from simulation.json (seed {args.seed}).\n\n```\n" + table(rows) + "\n```\n"
+    )
     if not args.no_plot:
         plot(results, args.out / "simulation.png")
     return 0 if not failed else 1

@@ -50,16 +50,26 @@ def app_args(config_path: Path, sim: bool, max_queue_wait_s: float) -> tuple[dic
     if sim:
         model["source"] = "simulated"
     args.setdefault("tenants", []).append(
-        {"name": "bench", "api_keys": [BENCH_KEY], "priority": "standard",
-         "max_timeout_s": 600, "default_timeout_s": 120}  # fmt: skip
+        {
+            "name": "bench",
+            "api_keys": [BENCH_KEY],
+            "priority": "standard",
+            "max_timeout_s": 600,
+            "default_timeout_s": 120,
+        }
     )
     return args, model["name"], model.get("deployment", {}).get("max_ongoing_requests", 64)
 
 
 async def one(client: httpx.AsyncClient, model: str, max_tokens: int, i: int) -> Result:
     t0 = time.monotonic()
-    body = {"model": model, "prompt": f"Request {i}: tell a story.", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": f"Request {i}: tell a story.",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     headers = {"Authorization": f"Bearer {BENCH_KEY}"}
     try:
         async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
@@ -119,7 +129,9 @@ def summarize(multiple: float, rate: float, results: list[Result], secs: float, 
         "ttft_p50_s": pct(0.5),
         "ttft_p99_s": pct(0.99),
         "rejected_share": round(len(rejected) / len(results), 3) if results else 0,
-        "reject_latency_p50_s": statistics.median(r.latency_s for r in rejected) if rejected else None,
+        "reject_latency_p50_s": statistics.median(r.latency_s for r in rejected)
+        if rejected
+        else None,
         "other_errors": len(errors),
     }
 
@@ -136,18 +148,25 @@ async def run(args) -> dict:
     serve.run(build_app(app_config), name="bench", route_prefix="/")
     limits = httpx.Limits(max_connections=2000)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{args.port}", timeout=300,
-                                     limits=limits) as client:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{args.port}", timeout=300, limits=limits
+        ) as client:
             await capacity_rps(client, model, 4, args.max_tokens, 5)  # warm-up
             cap = await capacity_rps(client, model, concurrency, args.max_tokens, args.duration_s)
-            print(f"capacity: {cap:.2f} requests/s at {concurrency} concurrent "
-                  f"({args.max_tokens} tokens each)")  # fmt: skip
+            print(
+                f"capacity: {cap:.2f} requests/s at {concurrency} concurrent "
+                f"({args.max_tokens} tokens each)"
+            )
             rows = []
             for k, multiple in enumerate(args.loads):
-                results = await open_loop(client, model, cap * multiple, args.duration_s,
-                                          args.max_tokens, seed=k)  # fmt: skip
-                rows.append(summarize(multiple, cap * multiple, results, args.duration_s,
-                                      args.ttft_target_s))  # fmt: skip
+                results = await open_loop(
+                    client, model, cap * multiple, args.duration_s, args.max_tokens, seed=k
+                )
+                rows.append(
+                    summarize(
+                        multiple, cap * multiple, results, args.duration_s, args.ttft_target_s
+                    )
+                )
                 print(rows[-1])
                 await asyncio.sleep(5)  # let the queue drain between levels
     finally:
@@ -157,8 +176,10 @@ async def run(args) -> dict:
 
 
 def table(rows: list[dict], target: float) -> str:
-    head = (f"| load | offered req/s | goodput req/s (TTFT <= {target:g} s) | TTFT p50 | "
-            "TTFT p99 | rejected | rejection answered in (p50) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    head = (
+        f"| load | offered req/s | goodput req/s (TTFT <= {target:g} s) | TTFT p50 | "
+        "TTFT p99 | rejected | rejection answered in (p50) |\n|---|---|---|---|---|---|---|"
+    )
     fmt = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa
     lines = [
         f"| {r['load_x_capacity']:g}x | {r['offered_rps']} | {r['goodput_rps']} | "
@@ -177,16 +198,30 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--ttft-target-s", type=float, default=2.0)
-    p.add_argument("--max-queue-wait-s", type=float, default=1.5,
-                   help="admission.max_queue_wait_s for the run (below the TTFT target)")
+    p.add_argument(
+        "--max-queue-wait-s",
+        type=float,
+        default=1.5,
+        help="admission.max_queue_wait_s for the run (below the TTFT target)",
+    )
     p.add_argument("--loads", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     args = p.parse_args()
     out = asyncio.run(run(args))
-    out.update(machine=platform.platform(), processor=platform.processor(), sim=args.sim,
-               date=time.strftime("%Y-%m-%d"), max_tokens=args.max_tokens,
-               max_queue_wait_s=args.max_queue_wait_s, ttft_target_s=args.ttft_target_s)  # fmt: skip
-    path = ROOT / "bench" / "results" / ("admission_load_sim.json" if args.sim
-                                         else "admission_load.json")  # fmt: skip
+    out.update(
+        machine=platform.platform(),
+        processor=platform.processor(),
+        sim=args.sim,
+        date=time.strftime("%Y-%m-%d"),
+        max_tokens=args.max_tokens,
+        max_queue_wait_s=args.max_queue_wait_s,
+        ttft_target_s=args.ttft_target_s,
+    )
+    path = (
+        ROOT
+        / "bench"
+        / "results"
+        / ("admission_load_sim.json" if args.sim else "admission_load.json")
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))
     print()

@@ -41,10 +41,14 @@ def wait_ready(url: str, wait_s: float) -> None:
 
 def ask(client: openai.OpenAI, model: str) -> str:
     resp = client.chat.completions.create(
-        model=model, temperature=0, max_tokens=32,
-        messages=[{"role": "system", "content": SYSTEM_PROMPT},
-                  {"role": "user", "content": QUESTION}],
-    )  # fmt: skip
+        model=model,
+        temperature=0,
+        max_tokens=32,
+        messages=[
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": QUESTION},
+        ],
+    )
     return resp.choices[0].message.content or ""
 
 
@@ -54,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", default="none", help="a tenant's key; `none` = anonymous")
     parser.add_argument("--models", nargs="*", help="default: every model /v1/models lists")
     parser.add_argument("--wait-s", type=float, default=300.0, help="how long to wait for /readyz")
-    parser.add_argument("--timeout-s", type=float, default=120.0,
-                        help="how long one answer may take")  # fmt: skip
+    parser.add_argument(
+        "--timeout-s", type=float, default=120.0, help="how long one answer may take"
+    )
     args = parser.parse_args(argv)
     wait_ready(args.url, args.wait_s)
-    client = openai.OpenAI(base_url=f"{args.url}/v1", api_key=args.api_key, max_retries=0,
-                           timeout=args.timeout_s)  # fmt: skip
+    client = openai.OpenAI(
+        base_url=f"{args.url}/v1", api_key=args.api_key, max_retries=0, timeout=args.timeout_s
+    )
     models = args.models or [m.id for m in client.models.list().data]
     failed = []
     for model in models:

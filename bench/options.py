@@ -15,28 +15,48 @@ from bench import relay_cost
 BASE = "075fb12"  # the last commit with the hand-written protocol and one Ray item per token
 SERVE_DEFAULTS = {"BENCH_SERVE_DEFAULTS": "1"}
 OPTIONS = {
-    "flush-0": ({"stream_flush_ms": 0}, {},
-                "rejected as the default: one Ray item per write, so the Router spends a "
-                "fixed ~0.3 ms on every token"),
-    "flush-20": ({"stream_flush_ms": 20}, {},
-                 "rejected as the default: at 50 tokens/s a stream has ~1 token per 20 ms, so "
-                 "items hardly shrink"),
-    "flush-100": ({"stream_flush_ms": 100}, {},
-                  "not needed: little below flush-50, and chunkier streams"),
-    "serve-defaults": ({}, SERVE_DEFAULTS,
-                       "rejected: Serve's defaults, its Python proxy in the token path"),
-    "grpc-only": ({}, {**SERVE_DEFAULTS, "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
-                  "rejected: gRPC between deployments halves the per-item cost, but the Python "
-                  "proxy stays in the path"),
-    "direct-no-haproxy": ({}, {"RAY_SERVE_ENABLE_HA_PROXY": "0", "BENCH_CLIENT_PORT": "30000"},
-                          "rejected: as cheap as HAProxy, but the Router's own port moves when "
-                          "Serve replaces it (restart, rolling update): no stable API port"),
+    "flush-0": (
+        {"stream_flush_ms": 0},
+        {},
+        "rejected as the default: one Ray item per write, so the Router spends a "
+        "fixed ~0.3 ms on every token",
+    ),
+    "flush-20": (
+        {"stream_flush_ms": 20},
+        {},
+        "rejected as the default: at 50 tokens/s a stream has ~1 token per 20 ms, so "
+        "items hardly shrink",
+    ),
+    "flush-100": (
+        {"stream_flush_ms": 100},
+        {},
+        "not needed: little below flush-50, and chunkier streams",
+    ),
+    "serve-defaults": (
+        {},
+        SERVE_DEFAULTS,
+        "rejected: Serve's defaults, its Python proxy in the token path",
+    ),
+    "grpc-only": (
+        {},
+        {**SERVE_DEFAULTS, "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"},
+        "rejected: gRPC between deployments halves the per-item cost, but the Python "
+        "proxy stays in the path",
+    ),
+    "direct-no-haproxy": (
+        {},
+        {"RAY_SERVE_ENABLE_HA_PROXY": "0", "BENCH_CLIENT_PORT": "30000"},
+        "rejected: as cheap as HAProxy, but the Router's own port moves when "
+        "Serve replaces it (restart, rolling update): no stable API port",
+    ),
 }
 
 
 def main() -> None:
-    variants = [f"{name}:" + json.dumps({"deployment": d, "env": e, "what": what})
-                for name, (d, e, what) in OPTIONS.items()]
+    variants = [
+        f"{name}:" + json.dumps({"deployment": d, "env": e, "what": what})
+        for name, (d, e, what) in OPTIONS.items()
+    ]
     args = sys.argv[1:] + ["--base", BASE]
     for v in variants:
         args += ["--variant", v]

@@ -45,9 +45,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = [
-    "smollm2-135m-instruct", "smollm2-135m-instruct-int8", "smollm2-135m-instruct-w4a16",
+    "smollm2-135m-instruct",
+    "smollm2-135m-instruct-int8",
+    "smollm2-135m-instruct-w4a16",
     "smollm2-135m-instruct-w4a16@VLLM_CPU_INT4_W4A8=0",
-]  # fmt: skip
+]
 PPL_TEXT = ROOT / "bench" / "data" / "perplexity.txt"
 THROUGHPUT_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 THROUGHPUT_TOKENS = 128
@@ -97,9 +99,11 @@ def worker_gpu_bytes(model) -> dict:
     import torch
 
     tensors = itertools.chain(model.parameters(), model.buffers())
-    return {"weights": sum(t.numel() * t.element_size() for t in tensors if t.is_cuda),
-            "allocated": torch.cuda.memory_allocated(),
-            "device": torch.cuda.get_device_name()}  # fmt: skip
+    return {
+        "weights": sum(t.numel() * t.element_size() for t in tensors if t.is_cuda),
+        "allocated": torch.cuda.memory_allocated(),
+        "device": torch.cuda.get_device_name(),
+    }
 
 
 def measure(model_path: str, platform: str = "cpu") -> dict:
@@ -140,8 +144,10 @@ def measure(model_path: str, platform: str = "cpu") -> dict:
     perplexity = math.exp(-sum(logprobs) / len(logprobs))
 
     greedy = llm.chat(
-        [[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p}]
-         for p in GREEDY_PROMPTS],
+        [
+            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": p}]
+            for p in GREEDY_PROMPTS
+        ],
         SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS),
         use_tqdm=False,
     )
@@ -187,13 +193,25 @@ def _checkpoint_quantization(folder: Path) -> str | None:
 
 def run_child(model_path: str, extra_env: dict[str, str], platform: str = "cpu") -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        env = {**os.environ, **extra_env, "PYTHONPATH": str(ROOT),
-               # apply_model ships a Python function to the engine's worker process.
-               "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            **extra_env,
+            "PYTHONPATH": str(ROOT),
+            # apply_model ships a Python function to the engine's worker process.
+            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        }
         if platform == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", model_path,
-               "--platform", platform, "--out", out.name]  # fmt: skip
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--one",
+            model_path,
+            "--platform",
+            platform,
+            "--out",
+            out.name,
+        ]
         subprocess.run(cmd, env=env, check=True, cwd=ROOT)
         return json.loads(Path(out.name).read_text())
 
@@ -208,12 +226,15 @@ def table(rows: list[dict], platform: str = "cpu") -> str:
     ]
     for r in rows:
         if platform == "cuda":
-            mem = f"{r['gpu_weight_bytes'] / 1e6:.0f} MB | {r['gpu_allocated_bytes'] / 2**30:.2f} GiB"
+            mem = (
+                f"{r['gpu_weight_bytes'] / 1e6:.0f} MB | {r['gpu_allocated_bytes'] / 2**30:.2f} GiB"
+            )
         else:
             mem = f"{r['worker_rss_bytes'] / 2**30:.2f} GiB"
         lines.append(
             f"| {r['run']} | {r['quantize'] or r.get('engine_quantization') or 'bf16'} "
-            f"| {r['weight_file_bytes'] / 1e6:.0f} MB | {mem} | {r['kv_blocks']} ({r['kv_tokens']}) "
+            f"| {r['weight_file_bytes'] / 1e6:.0f} MB | {mem} "
+            f"| {r['kv_blocks']} ({r['kv_tokens']}) "
             f"| {r['tokens_per_s']['1']:.1f} | {r['tokens_per_s']['32']:.0f} "
             f"| {r['perplexity']:.2f} | {r['greedy_agreement']:.0%} "
             f"| {r['greedy_identical']}/{len(r['greedy_token_ids'])} |"
@@ -228,21 +249,32 @@ def write_markdown(report: dict, path: Path) -> None:
         f"Generated from {path.with_suffix('.json').name}: run of {report['date']}, load average "
         f"{report['load_average_at_start']} at the start and {report['load_average_at_end']} at "
         f"the end; engine {report['engine']}.\n\n"
-        + table(report["models"], report.get("platform", "cpu")) + "\n")
+        + table(report["models"], report.get("platform", "cpu"))
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
-    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
-                        help="model names from the config, each optionally @VAR=VALUE for its "
-                        "engine's environment; the first is the reference")  # fmt: skip
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=DEFAULT_MODELS,
+        help="model names from the config, each optionally @VAR=VALUE for its "
+        "engine's environment; the first is the reference",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/quant_report.json")
-    parser.add_argument("--platform", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: vLLM's CUDA build on a GPU (the gpu extra)")  # fmt: skip
+    parser.add_argument(
+        "--platform",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: vLLM's CUDA build on a GPU (the gpu extra)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: measure this model folder
-    parser.add_argument("--render", action="store_true",
-                        help="only rewrite the .md beside --out from its JSON")
+    parser.add_argument(
+        "--render", action="store_true", help="only rewrite the .md beside --out from its JSON"
+    )
     args = parser.parse_args(argv)
     if args.one:
         args.out.write_text(json.dumps(measure(args.one, args.platform)))
@@ -272,11 +304,17 @@ def main(argv: list[str] | None = None) -> int:
 
             path = Path(snapshot_download(str(path)))
         print(f"== {run}: {path}", flush=True)
-        row = {"run": run, "model": name, "quantize": model.quantize,
-               # A checkpoint quantized elsewhere (AWQ, GPTQ, FP8 from the hub) says so itself.
-               "engine_quantization": _checkpoint_quantization(path), "env": extra_env,
-               "path": str(path), "weight_file_bytes": weight_file_bytes(path),
-               **run_child(str(path), extra_env, args.platform)}  # fmt: skip
+        row = {
+            "run": run,
+            "model": name,
+            "quantize": model.quantize,
+            # A checkpoint quantized elsewhere (AWQ, GPTQ, FP8 from the hub) says so itself.
+            "engine_quantization": _checkpoint_quantization(path),
+            "env": extra_env,
+            "path": str(path),
+            "weight_file_bytes": weight_file_bytes(path),
+            **run_child(str(path), extra_env, args.platform),
+        }
         rows.append(row)
     reference = rows[0]["greedy_token_ids"]
     for row in rows:
@@ -288,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
         "platform": args.platform,
-        "engine": ({**engine_args("cuda")} if args.platform == "cuda"
-                   else {**ENGINE, "VLLM_CPU_KVCACHE_SPACE_GiB": 1}),  # fmt: skip
+        "engine": (
+            {**engine_args("cuda")}
+            if args.platform == "cuda"
+            else {**ENGINE, "VLLM_CPU_KVCACHE_SPACE_GiB": 1}
+        ),
         "throughput_tokens_per_stream": THROUGHPUT_TOKENS,
         "greedy_system_prompt": SYSTEM_PROMPT,
         "greedy_prompts": GREEDY_PROMPTS,

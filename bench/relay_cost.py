@@ -52,9 +52,11 @@ class Counter:
 async def _one(host: str, port: int, body: bytes, counter: Counter) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     t0 = time.monotonic()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-                 b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nConnection: close\r\n"
-                 b"Content-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
+        b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
     tail, first = b"", True
     status = await reader.read(12)
     if not status.startswith(b"HTTP/1.1 200"):
@@ -76,9 +78,11 @@ async def _one(host: str, port: int, body: bytes, counter: Counter) -> None:
 async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
     """n requests at once from the rate-limited tenant: each one's latency, and the statuses."""
     body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": 16}).encode()
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-            b"\r\nAuthorization: Bearer " + LIMITED_KEY.encode() + b"\r\nConnection: close\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body))
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
+        b"\r\nAuthorization: Bearer " + LIMITED_KEY.encode() + b"\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    )
     # Connections first, then every request in one go: the burst is the requests, not the
     # handshakes.
     conns = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
@@ -98,8 +102,9 @@ async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
 
 
 async def _load(port: int, streams: int, max_tokens: int, end_s: float, counter: Counter):
-    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": max_tokens,
-                       "stream": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {"model": "sim", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
+    ).encode()
 
     async def loop() -> None:
         while time.monotonic() < end_s:
@@ -142,17 +147,26 @@ def _cpu_by_role() -> dict[str, float]:
 def _app_args(rate: float, extra: dict) -> dict:
     # Valid for this tree and the commit before: only fields both configs know, plus `extra`.
     return {
-        "models": [{"name": "sim", "source": "simulated",
-                    "simulation": {"step_s": 1.0 / rate, "per_seq_step_s": 0},
-                    "engine": {"max_num_seqs": 4096},
-                    "deployment": {"max_ongoing_requests": 4096, "num_cpus": 0.5, **extra}}],
+        "models": [
+            {
+                "name": "sim",
+                "source": "simulated",
+                "simulation": {"step_s": 1.0 / rate, "per_seq_step_s": 0},
+                "engine": {"max_num_seqs": 4096},
+                "deployment": {"max_ongoing_requests": 4096, "num_cpus": 0.5, **extra},
+            }
+        ],
         "router": {"max_ongoing_requests": 8192, "num_cpus": 0.5},
         "admission": {"max_queue_len": 8192, "max_queue_wait_s": 600, "anonymous_tenant": None},
-        "tenants": [{"name": "bench", "api_keys": [KEY], "max_timeout_s": 600,
-                     "default_timeout_s": 600},
-                    {"name": "limited", "api_keys": [LIMITED_KEY],
-                     "rate_limits": {"requests_per_s": 1, "max_burst_requests": 4}}],
-    }  # fmt: skip
+        "tenants": [
+            {"name": "bench", "api_keys": [KEY], "max_timeout_s": 600, "default_timeout_s": 600},
+            {
+                "name": "limited",
+                "api_keys": [LIMITED_KEY],
+                "rate_limits": {"requests_per_s": 1, "max_burst_requests": 4},
+            },
+        ],
+    }
 
 
 def run_one(args) -> dict:
@@ -171,8 +185,9 @@ def run_one(args) -> dict:
 
     ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(build_app(_app_args(args.rate, json.loads(args.extra))), name="relay",
-              route_prefix="/")  # fmt: skip
+    serve.run(
+        build_app(_app_args(args.rate, json.loads(args.extra))), name="relay", route_prefix="/"
+    )
     # Without HAProxy, direct ingress serves on the Router replica's own port.
     port = int(os.environ.get("BENCH_CLIENT_PORT", PORT))
     results = []
@@ -182,9 +197,8 @@ def run_one(args) -> dict:
             t0 = time.monotonic()
             end_s = t0 + args.seconds
 
-            async def measure():
-                load = asyncio.ensure_future(_load(port, streams, args.max_tokens, end_s,
-                                                   counter))  # fmt: skip
+            async def measure(streams=streams, end_s=end_s, counter=counter):
+                load = asyncio.ensure_future(_load(port, streams, args.max_tokens, end_s, counter))
                 await asyncio.sleep(args.seconds / 4)
                 c0, n0, w0 = _cpu_by_role(), counter.tokens, time.monotonic()
                 await asyncio.sleep(args.seconds / 2)
@@ -196,16 +210,21 @@ def run_one(args) -> dict:
             tokens = max(tokens, 1)
             ms = {r: round(1000 * (c1[r] - c0[r]) / tokens, 4) for r in ROLES}
             ttft = sorted(counter.ttft_s)
-            results.append({
-                "streams": streams, "offered_tokens_per_s": round(streams * args.rate),
-                "delivered_tokens_per_s": round(tokens / window_s),
-                "cpu_ms_per_token": ms,
-                "cpu_ms_per_token_path": round(sum(ms[r] for r in ("proxy", "router",
-                                                                   "replica")), 4),
-                "cpu_ms_per_token_all": round(sum(ms.values()), 4),
-                "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1) if ttft else None,
-                "requests": counter.requests, "errors": counter.errors,
-            })  # fmt: skip
+            results.append(
+                {
+                    "streams": streams,
+                    "offered_tokens_per_s": round(streams * args.rate),
+                    "delivered_tokens_per_s": round(tokens / window_s),
+                    "cpu_ms_per_token": ms,
+                    "cpu_ms_per_token_path": round(
+                        sum(ms[r] for r in ("proxy", "router", "replica")), 4
+                    ),
+                    "cpu_ms_per_token_all": round(sum(ms.values()), 4),
+                    "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1) if ttft else None,
+                    "requests": counter.requests,
+                    "errors": counter.errors,
+                }
+            )
             print(json.dumps(results[-1]), file=sys.stderr)
         refusals = None
         if args.refusals:
@@ -216,12 +235,14 @@ def run_one(args) -> dict:
             num_refused = sum(v for k, v in statuses.items() if k in (429, 503))
             ms = {r: round(1000 * (c1[r] - c0[r]) / max(1, args.refusals), 3) for r in ROLES}
             refusals = {
-                "sent": args.refusals, "statuses": statuses, "refused": num_refused,
+                "sent": args.refusals,
+                "statuses": statuses,
+                "refused": num_refused,
                 "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
                 "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
                 "cpu_ms_per_request": ms,
                 "cpu_ms_per_request_path": round(sum(ms[r] for r in ("proxy", "router")), 3),
-            }  # fmt: skip
+            }
             print(json.dumps(refusals), file=sys.stderr)
     finally:
         serve.shutdown()
@@ -234,13 +255,33 @@ def run_one(args) -> dict:
 
 def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
     # This file as a script, the tree's own code on the path: a base commit need not have it.
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", "--extra", json.dumps(extra),
-           "--env", json.dumps(env),
-           "--rate", str(args.rate), "--seconds", str(args.seconds),
-           "--max-tokens", str(args.max_tokens), "--refusals", str(args.refusals),
-           "--streams", *map(str, args.streams)]
-    out = subprocess.run(cmd, cwd=tree, env={**os.environ, **env, "PYTHONPATH": str(tree)},
-                         capture_output=True, text=True, timeout=3600)  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        "--extra",
+        json.dumps(extra),
+        "--env",
+        json.dumps(env),
+        "--rate",
+        str(args.rate),
+        "--seconds",
+        str(args.seconds),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--refusals",
+        str(args.refusals),
+        "--streams",
+        *map(str, args.streams),
+    ]
+    out = subprocess.run(
+        cmd,
+        cwd=tree,
+        env={**os.environ, **env, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{tree}: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -257,16 +298,16 @@ def _medians(runs: list[dict]) -> list[dict]:
             return values[len(values) // 2] if values else None
 
         row = {k: med([r[k] for r in same]) for k in same[0] if k != "cpu_ms_per_token"}
-        row["cpu_ms_per_token"] = {k: med([r["cpu_ms_per_token"][k] for r in same])
-                                   for k in ROLES}
+        row["cpu_ms_per_token"] = {k: med([r["cpu_ms_per_token"][k] for r in same]) for k in ROLES}
         row["repeats"] = len(same)
         out.append(row)
     return out
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def render(doc: dict) -> str:
@@ -291,18 +332,26 @@ def render(doc: dict) -> str:
                 f"{r['delivered_tokens_per_s']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
                 f"{ms['replica']:.3f} | {ms['controller']:.3f} | {ms['ray_other']:.3f} | "
                 f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token_all']:.3f} | "
-                f"{r['ttft_p50_ms']} | {r['errors']} |")  # fmt: skip
-    lines += ["", f"A burst of requests at once from a tenant allowed 1 request/s (burst 4), "
-              "each round; CPU per request over the burst (ms):", "",
-              "| system | sent | refused (429/503) | served | p50 ms | p99 ms | proxy | Router |"
-              " replica | proxy + Router |", "|---|---|---|---|---|---|---|---|---|---|"]
+                f"{r['ttft_p50_ms']} | {r['errors']} |"
+            )
+    lines += [
+        "",
+        "A burst of requests at once from a tenant allowed 1 request/s (burst 4), "
+        "each round; CPU per request over the burst (ms):",
+        "",
+        "| system | sent | refused (429/503) | served | p50 ms | p99 ms | proxy | Router |"
+        " replica | proxy + Router |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in doc["systems"]:
         for b in s.get("refusals", []):
             ms = b["cpu_ms_per_request"]
-            lines.append(f"| {s['name']} | {b['sent']} | {b['refused']} | "
-                         f"{b['statuses'].get('200', b['statuses'].get(200, 0))} | {b['p50_ms']} | "
-                         f"{b['p99_ms']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
-                         f"{ms['replica']:.3f} | {b['cpu_ms_per_request_path']:.3f} |")
+            lines.append(
+                f"| {s['name']} | {b['sent']} | {b['refused']} | "
+                f"{b['statuses'].get('200', b['statuses'].get(200, 0))} | {b['p50_ms']} | "
+                f"{b['p99_ms']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
+                f"{ms['replica']:.3f} | {b['cpu_ms_per_request_path']:.3f} |"
+            )
     lines += ["", "Systems:", ""] + [f"- `{s['name']}`: {s['what']}" for s in doc["systems"]]
     return "\n".join(lines) + "\n"
 
@@ -313,12 +362,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rate", type=float, default=50.0, help="tokens/s per stream")
     ap.add_argument("--seconds", type=float, default=24.0)
     ap.add_argument("--max-tokens", type=int, default=200)
-    ap.add_argument("--refusals", type=int, default=400,
-                    help="then this many requests at once from a tenant allowed 1/s (0: none)")
+    ap.add_argument(
+        "--refusals",
+        type=int,
+        default=400,
+        help="then this many requests at once from a tenant allowed 1/s (0: none)",
+    )
     ap.add_argument("--repeat", type=int, default=2, help="rounds over all systems (medians)")
     ap.add_argument("--base", default=None, help="git ref of the commit before (a worktree)")
-    ap.add_argument("--variant", action="append", default=[],
-                    help='NAME:{"deployment": {...}, "env": {...}, "what": "..."}')
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help='NAME:{"deployment": {...}, "env": {...}, "what": "..."}',
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "relay_cost.json")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--extra", default="{}", help=argparse.SUPPRESS)
@@ -327,29 +384,57 @@ def main(argv: list[str] | None = None) -> None:
     if args.one:
         print(json.dumps(run_one(args)))
         return
-    systems = [("this", ROOT, {}, {}, "kept: this tree's defaults (HAProxy, throughput-optimized "
-                "Serve, stream_flush_ms 50)")]
+    systems = [
+        (
+            "this",
+            ROOT,
+            {},
+            {},
+            "kept: this tree's defaults (HAProxy, throughput-optimized Serve, stream_flush_ms 50)",
+        )
+    ]
     for v in args.variant:
         name, _, spec = v.partition(":")
         spec = json.loads(spec)
-        systems.append((name, ROOT, spec.get("deployment", {}), spec.get("env", {}),
-                        spec.get("what", json.dumps(spec))))  # fmt: skip
+        systems.append(
+            (
+                name,
+                ROOT,
+                spec.get("deployment", {}),
+                spec.get("env", {}),
+                spec.get("what", json.dumps(spec)),
+            )
+        )
     worktree = None
     if args.base:
         worktree = Path(tempfile.mkdtemp(prefix="relay-base-"))
         _git("worktree", "add", "--detach", str(worktree), args.base)
-        systems.append(("before", worktree, {}, {}, f"commit {_git('rev-parse', '--short', args.base)}"
-                        " (one Ray item per token, the proxy in the path)"))
-    doc = {"commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain") else ""),
-           "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-           "machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-           "rate_per_stream": args.rate, "max_tokens": args.max_tokens, "systems": []}  # fmt: skip
+        systems.append(
+            (
+                "before",
+                worktree,
+                {},
+                {},
+                f"commit {_git('rev-parse', '--short', args.base)}"
+                " (one Ray item per token, the proxy in the path)",
+            )
+        )
+    doc = {
+        "commit": _git("rev-parse", "--short", "HEAD")
+        + ("+dirty" if _git("status", "--porcelain") else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": f"{platform.node()}, {os.cpu_count()} cores, "
+        f"{platform.processor() or platform.machine()}",
+        "rate_per_stream": args.rate,
+        "max_tokens": args.max_tokens,
+        "systems": [],
+    }
     raw: dict[str, list[dict]] = {name: [] for name, *_ in systems}
     bursts: dict[str, list[dict]] = {name: [] for name, *_ in systems}
     try:
         # Round-robin, so that a slow minute of this noisy host falls on every system alike.
         for rep in range(args.repeat):
-            for name, tree, extra, env, what in systems:
+            for name, tree, extra, env, _ in systems:
                 print(f"== {name} ({rep + 1}/{args.repeat})", file=sys.stderr)
                 result = _child(tree, args, extra, env)
                 raw[name] += result["runs"]
@@ -358,9 +443,16 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if worktree is not None:
             _git("worktree", "remove", "--force", str(worktree))
-    for name, tree, extra, env, what in systems:
-        doc["systems"].append({"name": name, "what": what, "runs": _medians(raw[name]),
-                               "all_runs": raw[name], "refusals": bursts[name]})
+    for name, *_, what in systems:
+        doc["systems"].append(
+            {
+                "name": name,
+                "what": what,
+                "runs": _medians(raw[name]),
+                "all_runs": raw[name],
+                "refusals": bursts[name],
+            }
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(doc))

@@ -24,25 +24,33 @@ def _relay(doc: dict) -> list[str]:
     this, before = by_name.get("this"), by_name.get("before")
     if this is None:
         return []
-    lines = [f"Relay cost at GPU rates (`python -m bench.relay_cost`, simulated engine at "
-             f"{doc['rate_per_stream']:g} tokens/s a stream; commit {doc['commit']}, "
-             f"{doc['date']}, {doc['machine']}), CPU ms per streamed token:", "",
-             "| streams | system | delivered tok/s | proxy + Router + replica | Router | all of Ray |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Relay cost at GPU rates (`python -m bench.relay_cost`, simulated engine at "
+        f"{doc['rate_per_stream']:g} tokens/s a stream; commit {doc['commit']}, "
+        f"{doc['date']}, {doc['machine']}), CPU ms per streamed token:",
+        "",
+        "| streams | system | delivered tok/s | proxy + Router + replica | Router | all of Ray |",
+        "|---|---|---|---|---|---|",
+    ]
     for run in this["runs"]:
         rows = [("this", run)]
         if before:
             rows += [("before", r) for r in before["runs"] if r["streams"] == run["streams"]]
         for name, r in rows:
-            lines.append(f"| {r['streams']} | {name} | {r['delivered_tokens_per_s']} | "
-                         f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token']['router']:.3f}"
-                         f" | {r['cpu_ms_per_token_all']:.3f} |")
+            lines.append(
+                f"| {r['streams']} | {name} | {r['delivered_tokens_per_s']} | "
+                f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token']['router']:.3f}"
+                f" | {r['cpu_ms_per_token_all']:.3f} |"
+            )
     bursts = this.get("refusals") or []
     if bursts:
         b = bursts[-1]
-        lines += ["", f"{b['sent']} requests at once from a tenant allowed 1/s: {b['refused']} "
-                  f"refused, p99 {b['p99_ms']} ms, {b['cpu_ms_per_request_path']:.3f} ms of "
-                  "proxy + Router CPU a request."]
+        lines += [
+            "",
+            f"{b['sent']} requests at once from a tenant allowed 1/s: {b['refused']} "
+            f"refused, p99 {b['p99_ms']} ms, {b['cpu_ms_per_request_path']:.3f} ms of "
+            "proxy + Router CPU a request.",
+        ]
     return lines
 
 
@@ -52,14 +60,18 @@ def _peers(doc: dict) -> list[str]:
     label = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve"}
 
     def at(name: str, concurrency: int) -> dict:
-        return next((r for r in systems[name].get("sweep") or []
-                     if r["concurrency"] == concurrency), {})
+        return next(
+            (r for r in systems[name].get("sweep") or [] if r["concurrency"] == concurrency), {}
+        )
 
-    lines = [f"Against the peers on the real default model (`make bench`; git "
-             f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}), one after the other "
-             "on this machine:", "",
-             "| | " + " | ".join(label[n] for n in names) + " |",
-             "|---|" + "---|" * len(names)]
+    lines = [
+        f"Against the peers on the real default model (`make bench`; git "
+        f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}), one after the other "
+        "on this machine:",
+        "",
+        "| | " + " | ".join(label[n] for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for c in (16, 64):
         cells = []
         for n in names:

@@ -26,21 +26,31 @@ ROOT = Path(__file__).resolve().parents[1]
 def app_args(exporter: str, spans_path: str) -> dict:
     return {
         "tracing": {"exporter": exporter, "file_path": spans_path},
-        "models": [{"name": "sim", "source": "simulated", "simulation": {"step_s": 0.005},
-                    "engine": {"max_num_seqs": 64},
-                    "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25}}],
-    }  # fmt: skip
+        "models": [
+            {
+                "name": "sim",
+                "source": "simulated",
+                "simulation": {"step_s": 0.005},
+                "engine": {"max_num_seqs": 64},
+                "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25},
+            }
+        ],
+    }
 
 
 async def closed_loop(url: str, concurrency: int, secs: float) -> tuple[int, list[float]]:
     stop = time.monotonic() + secs
     ttfts: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+
         async def client(k: int):
             while time.monotonic() < stop:
                 t0 = time.monotonic()
-                async with c.stream("POST", "/v1/completions", json={
-                    "model": "sim", "prompt": "x", "max_tokens": 16, "stream": True}) as r:  # fmt: skip
+                async with c.stream(
+                    "POST",
+                    "/v1/completions",
+                    json={"model": "sim", "prompt": "x", "max_tokens": 16, "stream": True},
+                ) as r:
                     first = None
                     async for line in r.aiter_lines():
                         if first is None and line.startswith('data: {"id"'):
@@ -76,8 +86,9 @@ def main() -> None:
             asyncio.run(closed_loop(f"{base}/{name}", args.concurrency, 2))
         for _ in range(args.rounds):
             for name in totals:
-                n, ttfts = asyncio.run(closed_loop(f"{base}/{name}", args.concurrency,
-                                                   args.round_s))  # fmt: skip
+                n, ttfts = asyncio.run(
+                    closed_loop(f"{base}/{name}", args.concurrency, args.round_s)
+                )
                 totals[name][0] += n
                 totals[name][1] += args.round_s
                 totals[name][2] += ttfts
@@ -93,13 +104,24 @@ def main() -> None:
     ratio_ttft = rows["traced"]["ttft_p50_ms"] / rows["untraced"]["ttft_p50_ms"]
     for name, r in rows.items():
         print(f"{name:9s} {r['requests_per_s']:7.1f} req/s  TTFT p50 {r['ttft_p50_ms']:6.1f} ms")
-    print(f"traced / untraced: throughput x{ratio_rps:.3f}, TTFT p50 x{ratio_ttft:.3f} "
-          f"({num_spans} spans exported)")  # fmt: skip
+    print(
+        f"traced / untraced: throughput x{ratio_rps:.3f}, TTFT p50 x{ratio_ttft:.3f} "
+        f"({num_spans} spans exported)"
+    )
     out = ROOT / "bench" / "results" / "tracing_overhead.json"
-    out.write_text(json.dumps({"rows": rows, "throughput_ratio": ratio_rps,
-                               "ttft_p50_ratio": ratio_ttft, "spans": num_spans,
-                               "date": time.strftime("%Y-%m-%d"), "args": vars(args)},
-                              indent=2))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "throughput_ratio": ratio_rps,
+                "ttft_p50_ratio": ratio_ttft,
+                "spans": num_spans,
+                "date": time.strftime("%Y-%m-%d"),
+                "args": vars(args),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

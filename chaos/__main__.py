@@ -22,15 +22,22 @@ from chaos.scenarios import SCENARIOS, run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m chaos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--scenario", choices=sorted(SCENARIOS))
     which.add_argument("--all", action="store_true", help="every scenario, each in a subprocess")
     p.add_argument("--short", action="store_true", help="the CI form (default: the long form)")
     p.add_argument("--json", type=Path, help="where one scenario writes its figures")
-    p.add_argument("--out-dir", type=Path, default=Path("bench/results"),
-                   help="--all: where chaos.json and chaos.md go")  # fmt: skip
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("bench/results"),
+        help="--all: where chaos.json and chaos.md go",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s chaos %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line a request otherwise
@@ -39,8 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     figures = run(args.scenario, args.short)
-    result = {"scenario": args.scenario, "form": "short" if args.short else "long",
-              "started": started, "duration_s": round(time.monotonic() - t0, 1), **figures}  # fmt: skip
+    result = {
+        "scenario": args.scenario,
+        "form": "short" if args.short else "long",
+        "started": started,
+        "duration_s": round(time.monotonic() - t0, 1),
+        **figures,
+    }
     text = json.dumps(result, indent=2)
     if args.json:
         args.json.write_text(text + "\n")

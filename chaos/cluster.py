@@ -67,9 +67,13 @@ class ChaosCluster:
     """`with ChaosCluster(port_base=19310) as c:` a head node, Serve on c.http_port.
     `port_base` is the preferred block; another free one is taken if it is in use."""
 
-    def __init__(self, port_base: int, head_cpus: float = 8,
-                 head_resources: dict[str, float] | None = None,
-                 system_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        port_base: int,
+        head_cpus: float = 8,
+        head_resources: dict[str, float] | None = None,
+        system_config: dict[str, Any] | None = None,
+    ) -> None:
         port_base, self._port_lock = reserve_ports(port_base)
         self.port_base = port_base
         self.http_port = port_base
@@ -90,7 +94,7 @@ class ChaosCluster:
         self._seen: dict[int, float] = {}  # pid -> create_time of every process we started
         self.leftover: list[str] = []
 
-    def __enter__(self) -> "ChaosCluster":
+    def __enter__(self) -> ChaosCluster:
         try:
             self.start()
         except BaseException:
@@ -114,17 +118,22 @@ class ChaosCluster:
         from ray.cluster_utils import Cluster
 
         self.cluster = self._start_node(
-            lambda: Cluster(initialize_head=True, head_node_args=self._head_args))
+            lambda: Cluster(initialize_head=True, head_node_args=self._head_args)
+        )
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level=logging.WARNING)
         # One proxy, on the head: a second node's proxy would want the same port on this host,
         # and the node-loss scenario must not take the door down with the node.
-        serve.start(proxy_location="HeadOnly",
-                    http_options={"host": "127.0.0.1", "port": self.http_port})  # fmt: skip
+        serve.start(
+            proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": self.http_port}
+        )
         self.track()
 
     def add_worker(self, num_cpus: float, resources: dict[str, float]):
-        return self._start_node(lambda: self.cluster.add_node(
-            num_cpus=num_cpus, resources=resources, metrics_export_port=self._take_port()))
+        return self._start_node(
+            lambda: self.cluster.add_node(
+                num_cpus=num_cpus, resources=resources, metrics_export_port=self._take_port()
+            )
+        )
 
     def _start_node(self, start, attempts: int = 3):
         """Ray gives a new raylet 30 s to register with the GCS, which busy shared cores can

@@ -9,8 +9,8 @@ kill and ended after it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from chaos.figures import ok_rate, summary
 from chaos.load import Load, Result, running
@@ -25,8 +25,9 @@ class Fault:
     choose: Callable[[ReplicaWatch], tuple[str, Callable[[], None]]]  # -> (victim id, kill)
 
 
-def run_fault(fault: Fault, load: Load, app: str, before_s: float, after_s: float,
-              recovery_timeout_s: float) -> dict:  # fmt: skip
+def run_fault(
+    fault: Fault, load: Load, app: str, before_s: float, after_s: float, recovery_timeout_s: float
+) -> dict:
     watch = ReplicaWatch(app)
 
     def noticed(s: Sample) -> bool:
@@ -38,20 +39,33 @@ def run_fault(fault: Fault, load: Load, app: str, before_s: float, after_s: floa
         victim, kill = fault.choose(watch)
         t_fault = time.monotonic()
         kill()
-        t_back = watch.wait_for(lambda s: at_capacity(s, fault.deployment, fault.target, {victim}),
-                                recovery_timeout_s, after=t_fault)  # fmt: skip
+        t_back = watch.wait_for(
+            lambda s: at_capacity(s, fault.deployment, fault.target, {victim}),
+            recovery_timeout_s,
+            after=t_fault,
+        )
         time.sleep(after_s)  # the restored set carries the load for a while
         t_stop = time.monotonic()
     t_noticed = watch.first(noticed, after=t_fault)
     return fault_figures(load.results, t0, t_fault, t_noticed, t_back, t_stop) | {
-        "fault": fault.name, "victim": victim, "deployment": fault.deployment,
-        "replicas": fault.target, "clients": load.num_clients, "max_tokens": load.max_tokens,
+        "fault": fault.name,
+        "victim": victim,
+        "deployment": fault.deployment,
+        "replicas": fault.target,
+        "clients": load.num_clients,
+        "max_tokens": load.max_tokens,
         "deadline_s": load.deadline_s,
-    }  # fmt: skip
+    }
 
 
-def fault_figures(results: list[Result], t0: float, t_fault: float, t_noticed: float | None,
-                  t_back: float | None, t_stop: float) -> dict:  # fmt: skip
+def fault_figures(
+    results: list[Result],
+    t0: float,
+    t_fault: float,
+    t_noticed: float | None,
+    t_back: float | None,
+    t_stop: float,
+) -> dict:
     """Figures of a load that met one fault at t_fault; capacity was back at t_back (or not)."""
     bad = [r for r in results if not r.ok]
     return {

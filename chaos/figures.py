@@ -38,6 +38,8 @@ def summary(results: list[Result], t0: float) -> dict:
         "unclean_failures": sum(1 for r in bad if not r.clean),
         "hangs": sum(1 for r in bad if r.outcome == "hang"),
         "max_latency_s": round(max((r.end_s - r.start_s for r in results), default=0.0), 2),
-        "failures": [dict(asdict(r), start_s=round(r.start_s - t0, 2),
-                          end_s=round(r.end_s - t0, 2)) for r in bad[:20]],  # fmt: skip
+        "failures": [
+            dict(asdict(r), start_s=round(r.start_s - t0, 2), end_s=round(r.end_s - t0, 2))
+            for r in bad[:20]
+        ],
     }

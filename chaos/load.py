@@ -47,8 +47,15 @@ class Result:
 class Load:
     """`num_clients` loops of requests for `model` at `url`; results gather in `.results`."""
 
-    def __init__(self, url: str, model: str, num_clients: int, max_tokens: int,
-                 deadline_s: float, margin_s: float = 10.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        num_clients: int,
+        max_tokens: int,
+        deadline_s: float,
+        margin_s: float = 10.0,
+    ) -> None:
         self.url, self.model = url, model
         self.num_clients, self.max_tokens = num_clients, max_tokens
         self.deadline_s, self.margin_s = deadline_s, margin_s
@@ -62,12 +69,21 @@ class Load:
         the scenario's process they shared its GIL with Ray's blocking calls (a node start
         holds it for seconds), so on a loaded host their timers fired late and answered
         requests were counted as hangs."""
-        params = dict(url=self.url, model=self.model, num_clients=self.num_clients,
-                      max_tokens=self.max_tokens, deadline_s=self.deadline_s,
-                      margin_s=self.margin_s)  # fmt: skip
+        params = dict(
+            url=self.url,
+            model=self.model,
+            num_clients=self.num_clients,
+            max_tokens=self.max_tokens,
+            deadline_s=self.deadline_s,
+            margin_s=self.margin_s,
+        )
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "chaos.load", json.dumps(params)], cwd=ROOT,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            [sys.executable, "-m", "chaos.load", json.dumps(params)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def stop(self) -> None:
         """Stops sending; waits for the requests in flight (bounded by deadline + margin)."""
@@ -86,8 +102,9 @@ class Load:
 
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=self.num_clients * 2)
-        async with httpx.AsyncClient(base_url=self.url, limits=limits,
-                                     timeout=self.deadline_s + self.margin_s) as self._client:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=self.url, limits=limits, timeout=self.deadline_s + self.margin_s
+        ) as self._client:
             await asyncio.gather(*(self._loop(k) for k in range(self.num_clients)))
 
     async def _loop(self, k: int) -> None:
@@ -98,9 +115,15 @@ class Load:
 
     async def one(self, stream: bool) -> Result:
         n, self._count = self._count, self._count + 1
-        body = {"model": self.model, "prompt": f"chaos request {n}", "max_tokens": self.max_tokens,
-                "ignore_eos": True, "temperature": 0, "timeout": self.deadline_s,
-                "stream": stream}  # fmt: skip
+        body = {
+            "model": self.model,
+            "prompt": f"chaos request {n}",
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "timeout": self.deadline_s,
+            "stream": stream,
+        }
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.deadline_s + self.margin_s):
@@ -109,13 +132,27 @@ class Load:
                 else:
                     r = await self._plain(body, start)
         except TimeoutError:
-            r = Result(self.model, stream, start, time.monotonic(), "hang", clean=False,
-                       code="client_timeout")  # fmt: skip
+            r = Result(
+                self.model,
+                stream,
+                start,
+                time.monotonic(),
+                "hang",
+                clean=False,
+                code="client_timeout",
+            )
         except httpx.HTTPError as e:
             # A stream cut mid-body is "truncated"; anything else never got an answer.
             outcome = "truncated" if isinstance(e, httpx.RemoteProtocolError) else "transport_error"
-            r = Result(self.model, stream, start, time.monotonic(), outcome, clean=False,
-                       code=type(e).__name__)  # fmt: skip
+            r = Result(
+                self.model,
+                stream,
+                start,
+                time.monotonic(),
+                outcome,
+                clean=False,
+                code=type(e).__name__,
+            )
         self.results.append(r)
         return r
 
@@ -129,16 +166,26 @@ class Load:
                 return Result(self.model, False, start, end, "ok", 200, replica=replica)
             return Result(self.model, False, start, end, "empty", 200, False, "empty", replica)
         code, clean = _error_code(resp.content)
-        return Result(self.model, False, start, end, "http_error", resp.status_code, clean, code,
-                      replica)  # fmt: skip
+        return Result(
+            self.model, False, start, end, "http_error", resp.status_code, clean, code, replica
+        )
 
     async def _stream(self, body: dict, start: float) -> Result:
         async with self._client.stream("POST", "/v1/completions", json=body) as resp:
             replica = resp.headers.get("x-replica")
             if resp.status_code != 200:
                 code, clean = _error_code(await resp.aread())
-                return Result(self.model, True, start, time.monotonic(), "http_error",
-                              resp.status_code, clean, code, replica)  # fmt: skip
+                return Result(
+                    self.model,
+                    True,
+                    start,
+                    time.monotonic(),
+                    "http_error",
+                    resp.status_code,
+                    clean,
+                    code,
+                    replica,
+                )
             event, error_code, done, finished = None, None, False, False
             async for line in resp.aiter_lines():
                 if line.startswith("event:"):

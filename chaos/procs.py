@@ -26,7 +26,7 @@ def replica_of(title: str, app: str) -> str | None:
     prefix = f"ray::ServeReplica:{app}:"
     if not head.startswith(prefix):
         return None
-    deployment = head[len(prefix):]
+    deployment = head[len(prefix) :]
     base, _, method = deployment.rpartition(".")
     return base if base and method.isidentifier() else deployment
 

@@ -30,7 +30,9 @@ def snapshot(app: str) -> Sample:
     if not ray.is_initialized():  # serve.status() would connect to whatever Ray it finds
         raise RuntimeError("not connected to the scenario's cluster")
     status = serve.status().applications.get(app)
-    states = {name: dict(d.replica_states) for name, d in status.deployments.items()} if status else {}
+    states = (
+        {name: dict(d.replica_states) for name, d in status.deployments.items()} if status else {}
+    )
     ids: dict[str, set[str]] = defaultdict(set)
     for actor in ray.util.list_named_actors(all_namespaces=True):
         name = actor["name"]
@@ -42,7 +44,9 @@ def snapshot(app: str) -> Sample:
 
 def at_capacity(s: Sample, deployment: str, target: int, gone: set[str] = frozenset()) -> bool:
     ids = s.ids.get(deployment, set())
-    return s.states.get(deployment) == {"RUNNING": target} and len(ids) == target and not (ids & gone)
+    return (
+        s.states.get(deployment) == {"RUNNING": target} and len(ids) == target and not (ids & gone)
+    )
 
 
 class ReplicaWatch:
@@ -54,7 +58,7 @@ class ReplicaWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "ReplicaWatch":
+    def start(self) -> ReplicaWatch:
         self._thread.start()
         return self
 

@@ -12,11 +12,11 @@ import itertools
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from serve_app import tracing
-from serve_app.admission import Admit, AdmissionPolicy, Queue, Reject
+from serve_app.admission import AdmissionPolicy, Admit, Queue, Reject
 from serve_app.config import AppConfig, ModelConfig, TenantConfig
 from serve_app.openai_protocol import OpenAIError
 from serve_app.rate_limit import TenantLimiter
@@ -133,7 +133,8 @@ class Gate:
 
     def _rate_limited(self, tenant: TenantConfig, decision, headers: dict[str, str]) -> OpenAIError:
         return OpenAIError(
-            429, f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
+            429,
+            f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
             f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
             code="rate_limit_exceeded",
             headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
@@ -151,21 +152,33 @@ class Gate:
             self.num_rejected[(model, "rate_limit")] += 1
             if decision.exceeds_limit:
                 raise OpenAIError(
-                    400, f"this request needs {num_tokens} tokens, more than your limit allows; "
-                    "lower max_tokens or shorten the prompt", param="max_tokens",
-                    code="request_too_large", headers=headers,
-                )  # fmt: skip
+                    400,
+                    f"this request needs {num_tokens} tokens, more than your limit allows; "
+                    "lower max_tokens or shorten the prompt",
+                    param="max_tokens",
+                    code="request_too_large",
+                    headers=headers,
+                )
             raise self._rate_limited(tenant, decision, headers)
-        ticket = Ticket(f"q{next(self._ids)}", tenant.name, model, num_tokens,
-                        now + timeout_s, headers, admitted_at=now)  # fmt: skip
+        ticket = Ticket(
+            f"q{next(self._ids)}",
+            tenant.name,
+            model,
+            num_tokens,
+            now + timeout_s,
+            headers,
+            admitted_at=now,
+        )
         cap = tenant.max_concurrent_requests
         if cap is not None and self._concurrent[tenant.name] >= math.ceil(cap * self._share):
             limiter.settle(num_tokens, 0, now)
             self.num_rejected[(model, "concurrency")] += 1
             raise OpenAIError(
-                429, f"Too many concurrent requests for tenant '{tenant.name}' (limit {cap}).",
-                code="concurrency_limit_exceeded", headers={**headers, "Retry-After": "1"},
-            )  # fmt: skip
+                429,
+                f"Too many concurrent requests for tenant '{tenant.name}' (limit {cap}).",
+                code="concurrency_limit_exceeded",
+                headers={**headers, "Retry-After": "1"},
+            )
         self._concurrent[tenant.name] += 1
         return ticket
 
@@ -192,8 +205,11 @@ class Gate:
                 self._start(queue.release(ticket.entry_id, self._clock()))
             if isinstance(e, asyncio.TimeoutError):
                 self.num_rejected[(ticket.model, "deadline")] += 1
-                raise OpenAIError(504, f"deadline of {timeout_s:g} s exceeded while queued",
-                                  code="deadline_exceeded") from None  # fmt: skip
+                raise OpenAIError(
+                    504,
+                    f"deadline of {timeout_s:g} s exceeded while queued",
+                    code="deadline_exceeded",
+                ) from None
             raise
         finally:
             self._waiters.pop(ticket.entry_id, None)
@@ -206,9 +222,11 @@ class Gate:
             "queue_wait": "expected queue wait is longer than allowed",
         }[r.reason]
         return OpenAIError(
-            503, f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
-            code=r.reason, headers={"Retry-After": _retry_after(r.retry_after_s)},
-        )  # fmt: skip
+            503,
+            f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
+            code=r.reason,
+            headers={"Retry-After": _retry_after(r.retry_after_s)},
+        )
 
     def _fail_waiter(self, model: str, r: Reject) -> None:
         fut = self._waiters.get(r.entry_id)

@@ -14,14 +14,16 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, Usage
 from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
-                   Awaitable[None]]  # fmt: skip
+ASGIApp = Callable[
+    [dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]
+]
 # Headers of the app's response that the Router passes on (the rest are the app's own business).
 KEPT_RESPONSE_HEADERS = frozenset({"content-type"})
 JSON_HEADERS = (("content-type", "application/json"),)
@@ -145,9 +147,16 @@ class AsgiCall:
 
 def refusal(replica_id: str, why: str) -> ReplyHead:
     """A 503 the Router retries elsewhere: this replica took no work."""
-    body = json.dumps({"error": {"message": f"replica unavailable: {why}",
-                                 "type": "service_unavailable_error", "param": None,
-                                 "code": "replica_unhealthy"}}).encode()
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"replica unavailable: {why}",
+                "type": "service_unavailable_error",
+                "param": None,
+                "code": "replica_unhealthy",
+            }
+        }
+    ).encode()
     return ReplyHead(503, JSON_HEADERS, body, replica_id, code="replica_unhealthy")
 
 
@@ -167,9 +176,13 @@ async def reply_parts(
     while call.status is None and not call.complete:
         await call.wait()
     if call.status is None:  # the app ended without answering (a bug: it logged why)
-        yield ReplyHead(500, JSON_HEADERS, b'{"error": {"message": "internal server error", '
-                        b'"type": "InternalServerError", "param": null, "code": 500}}',
-                        replica_id)
+        yield ReplyHead(
+            500,
+            JSON_HEADERS,
+            b'{"error": {"message": "internal server error", '
+            b'"type": "InternalServerError", "param": null, "code": 500}}',
+            replica_id,
+        )
         yield ReplyEnd(b"", usage, failed=True)
         return
     while not call.has_data and not call.complete:

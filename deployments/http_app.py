@@ -49,8 +49,9 @@ def http_app() -> FastAPI:
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, or 413 as soon as it is known to exceed `limit` bytes (declared length
     first, then counted while reading, for chunked uploads)."""
-    too_large = OpenAIError(413, f"request body is larger than {limit} bytes",
-                            code="request_too_large")  # fmt: skip
+    too_large = OpenAIError(
+        413, f"request body is larger than {limit} bytes", code="request_too_large"
+    )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large

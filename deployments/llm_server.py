@@ -21,13 +21,14 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ray import serve
 
-from deployments.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from deployments import engine as engine_seam
+from deployments.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from deployments.engine import Engine
 from serve_app import model_source
 from serve_app import tracing as tracing_
@@ -46,6 +47,8 @@ from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")
 GPU_EXPORT_EVERY_TICKS = 5
+
+
 @serve.deployment
 class LLMServer:
     async def __init__(
@@ -84,25 +87,39 @@ class LLMServer:
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
 
-    async def generate(self, request: ReplicaRequest) -> AsyncIterator[ReplyHead | bytes | ReplyEnd]:
+    async def generate(
+        self, request: ReplicaRequest
+    ) -> AsyncIterator[ReplyHead | bytes | ReplyEnd]:
         if self._unhealthy_reason is not None:
             # Say so before any work, so that the Router retries on another replica.
             yield refusal(self._replica_id, self._unhealthy_reason)
             return
         if request.path not in self._engine.paths:
-            yield ReplyHead(404, JSON_HEADERS, json.dumps({"error": {
-                "message": f"{request.path} is not served for model {self._model.name}",
-                "type": "NotFoundError", "param": None, "code": 404}}).encode(),
-                self._replica_id)  # fmt: skip
+            yield ReplyHead(
+                404,
+                JSON_HEADERS,
+                json.dumps(
+                    {
+                        "error": {
+                            "message": f"{request.path} is not served for model {self._model.name}",
+                            "type": "NotFoundError",
+                            "param": None,
+                            "code": 404,
+                        }
+                    }
+                ).encode(),
+                self._replica_id,
+            )
             return
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
         # Module attribute, not a global: Serve pickles this class by value, and a Tracer is not
         # picklable.
         span = tracing_.tracer.start_span(
-            "llmserver.generate", context=tracing_.context_from(dict(request.headers)),
+            "llmserver.generate",
+            context=tracing_.context_from(dict(request.headers)),
             attributes={"llmserve.replica": self._replica_id, "llmserve.model": self._model.name},
-        )  # fmt: skip
+        )
         usage = Usage()
         # A module attribute, not an imported name: Serve pickles this class by value, and a
         # ContextVar is not picklable.
@@ -112,8 +129,9 @@ class LLMServer:
         finally:
             engine_seam.request_usage.reset(token)
         try:
-            async for part in reply_parts(call, usage, self._flush, self._replica_id,
-                                          self._engine_died):
+            async for part in reply_parts(
+                call, usage, self._flush, self._replica_id, self._engine_died
+            ):
                 self._last_output_s = time.monotonic()
                 if isinstance(part, ReplyHead):
                     span.add_event("first_token")
@@ -136,19 +154,25 @@ class LLMServer:
             return s
         unfinished = max(0, s.num_unfinished - self._num_probing)
         return dataclasses.replace(
-            s, num_running=max(0, s.num_running - self._num_probing),
+            s,
+            num_running=max(0, s.num_running - self._num_probing),
             num_unfinished=unfinished,
             # With only the probe in the engine, no client request holds a KV block.
             kv_cache_usage=s.kv_cache_usage if unfinished else 0.0,
-        )  # fmt: skip
+        )
 
     def stats(self) -> EngineStats:
         s = self._client_stats()
         return dataclasses.replace(
-            s, extra={**s.extra, "model": self._model.name, "replica_id": self._replica_id,
-                      "num_requests_total": self._num_requests_total,
-                      "probing": self._num_probing}
-        )  # fmt: skip
+            s,
+            extra={
+                **s.extra,
+                "model": self._model.name,
+                "replica_id": self._replica_id,
+                "num_requests_total": self._num_requests_total,
+                "probing": self._num_probing,
+            },
+        )
 
     def openapi(self) -> dict | None:
         """The engine server's OpenAPI document (vLLM's request schemas), for the Router's."""
@@ -168,9 +192,12 @@ class LLMServer:
         body: dict[str, Any] = {"model": self._model.name, "prompt": "ping", "max_tokens": 1}
         if self._model.engine.scheduling_policy == "priority":
             body["priority"] = -1  # ahead of every client's request
-        probe = ReplicaRequest(f"health-{uuid.uuid4().hex}", COMPLETIONS_PATH,
-                               json.dumps(body).encode(),
-                               (("content-type", "application/json"),))  # fmt: skip
+        probe = ReplicaRequest(
+            f"health-{uuid.uuid4().hex}",
+            COMPLETIONS_PATH,
+            json.dumps(body).encode(),
+            (("content-type", "application/json"),),
+        )
         self._num_probing += 1
         call = AsgiCall(self._engine.app, probe)
         try:
@@ -198,8 +225,9 @@ class LLMServer:
                 # A dead engine never recovers: leave now, so that every router drops this
                 # replica at once (actor death) and Serve starts a replacement, instead of
                 # failing requests until the next health check.
-                logger.error("engine of %s died; replica %s exits", self._model.name,
-                             self._replica_id)  # fmt: skip
+                logger.error(
+                    "engine of %s died; replica %s exits", self._model.name, self._replica_id
+                )
                 self._unhealthy_reason = "engine died"
                 await asyncio.sleep(0.5)  # let in-flight streams report their errors
                 os._exit(1)

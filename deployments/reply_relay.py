@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -35,14 +35,14 @@ class ReplyRelay:
         # their deadlines.
         self.dispatched = dispatched
 
-    async def dispatch(self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket,
-                        session: str) -> tuple[DeploymentResponseGenerator, ReplyHead]:  # fmt: skip
+    async def dispatch(
+        self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket, session: str
+    ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
         """Sends to a replica and waits for its reply head. A replica that fails before any
         output (it died, or says it is unhealthy) costs one retry on another replica."""
         for attempt in (1, 2):
             options = {"stream": True, "session_id": session} if session else {"stream": True}
-            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(
-                request)
+            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(request)
             self.dispatched[ticket.entry_id] = (ticket, stream)
             try:
                 head = await self.next(stream, ticket)
@@ -53,8 +53,12 @@ class ReplyRelay:
                 raise OpenAIError(500, "the replica ended the reply without a head") from None
             except Exception as e:
                 stream.cancel()
-                logger.warning("request %s failed before output on attempt %d: %r",
-                               request.request_id, attempt, e)  # fmt: skip
+                logger.warning(
+                    "request %s failed before output on attempt %d: %r",
+                    request.request_id,
+                    attempt,
+                    e,
+                )
                 if attempt == 2:
                     raise OpenAIError(503, UNAVAILABLE, headers={"Retry-After": "1"}) from None
                 continue
@@ -63,11 +67,17 @@ class ReplyRelay:
                 if attempt == 1:
                     # Retry elsewhere: the refusing replica scores best (it holds nothing) until
                     # it exits, so the request router must be told to skip it.
-                    request = ReplicaRequest(request.request_id, request.path, request.body,
-                                             request.headers, head.replica_id)  # fmt: skip
+                    request = ReplicaRequest(
+                        request.request_id,
+                        request.path,
+                        request.body,
+                        request.headers,
+                        head.replica_id,
+                    )
                     continue
-                raise OpenAIError(503, UNAVAILABLE, code="replica_unhealthy",
-                                  headers={"Retry-After": "1"})  # fmt: skip
+                raise OpenAIError(
+                    503, UNAVAILABLE, code="replica_unhealthy", headers={"Retry-After": "1"}
+                )
             return stream, head
         raise AssertionError("unreachable")
 
@@ -79,8 +89,9 @@ class ReplyRelay:
             if not ticket.expired:
                 raise
             self.gate.num_rejected[(ticket.model, "deadline")] += 1
-            raise OpenAIError(504, "the request's deadline passed during generation",
-                              code="deadline_exceeded") from None  # fmt: skip
+            raise OpenAIError(
+                504, "the request's deadline passed during generation", code="deadline_exceeded"
+            ) from None
 
     async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
         """The reply's bytes as they come; raises OpenAIError if it fails midway."""
@@ -91,16 +102,21 @@ class ReplyRelay:
                 try:
                     item = await self.next(r.rest, r.ticket)
                 except StopAsyncIteration:
-                    raise OpenAIError(503, "the model replica ended the reply early; retry",
-                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                    raise OpenAIError(
+                        503,
+                        "the model replica ended the reply early; retry",
+                        headers={"Retry-After": "1"},
+                    ) from None
                 except (OpenAIError, asyncio.CancelledError):
                     raise
                 except Exception as e:  # the replica or its engine died mid-reply
                     r.replica_failed = True
-                    logger.warning("request %s failed during generation: %r", r.trail.request_id,
-                                   e)  # fmt: skip
-                    raise OpenAIError(503, "the model replica failed during generation; retry",
-                                      headers={"Retry-After": "1"}) from None  # fmt: skip
+                    logger.warning("request %s failed during generation: %r", r.trail.request_id, e)
+                    raise OpenAIError(
+                        503,
+                        "the model replica failed during generation; retry",
+                        headers={"Retry-After": "1"},
+                    ) from None
                 if isinstance(item, ReplyEnd):
                     r.end = item
                     if item.body:
@@ -151,4 +167,3 @@ class ReplyRelay:
             yield sse_error(OpenAIError(500, "internal server error"))
         finally:
             r.trail.finish(*outcome)
-

@@ -48,20 +48,41 @@ class RequestTrail:
         if self.first_s is not None and self.num_completion_tokens > 1:
             span_s = self.generation_s if self.generation_s is not None else end_s - self.first_s
             tpot_s = span_s / (self.num_completion_tokens - 1)
-        self.metrics.record(RequestOutcome(
-            model=self.model, tenant=self.tenant, priority=self.priority, outcome=outcome,
-            code=code, e2e_s=end_s - self.start_s, ttft_s=ttft_s, tpot_s=tpot_s,
-            queue_wait_s=self.queue_wait_s, num_prompt_tokens=self.num_prompt_tokens,
-            num_completion_tokens=self.num_completion_tokens,
-        ))  # fmt: skip
-        access_log.info(json.dumps({
-            "request_id": self.request_id, "trace_id": self.trace_id, "kind": self.kind,
-            "model": self.model, "tenant": self.tenant, "priority": self.priority,
-            "stream": self.stream, "status": outcome, "code": code or None,
-            "ttft_ms": None if ttft_s is None else round(ttft_s * 1000, 1),
-            "e2e_ms": round((end_s - self.start_s) * 1000, 1),
-            "queue_wait_ms": None if self.queue_wait_s is None
-            else round(self.queue_wait_s * 1000, 1),
-            "prompt_tokens": self.num_prompt_tokens,
-            "completion_tokens": self.num_completion_tokens, "replica": self.replica,
-        }))  # fmt: skip
+        self.metrics.record(
+            RequestOutcome(
+                model=self.model,
+                tenant=self.tenant,
+                priority=self.priority,
+                outcome=outcome,
+                code=code,
+                e2e_s=end_s - self.start_s,
+                ttft_s=ttft_s,
+                tpot_s=tpot_s,
+                queue_wait_s=self.queue_wait_s,
+                num_prompt_tokens=self.num_prompt_tokens,
+                num_completion_tokens=self.num_completion_tokens,
+            )
+        )
+        access_log.info(
+            json.dumps(
+                {
+                    "request_id": self.request_id,
+                    "trace_id": self.trace_id,
+                    "kind": self.kind,
+                    "model": self.model,
+                    "tenant": self.tenant,
+                    "priority": self.priority,
+                    "stream": self.stream,
+                    "status": outcome,
+                    "code": code or None,
+                    "ttft_ms": None if ttft_s is None else round(ttft_s * 1000, 1),
+                    "e2e_ms": round((end_s - self.start_s) * 1000, 1),
+                    "queue_wait_ms": None
+                    if self.queue_wait_s is None
+                    else round(self.queue_wait_s * 1000, 1),
+                    "prompt_tokens": self.num_prompt_tokens,
+                    "completion_tokens": self.num_completion_tokens,
+                    "replica": self.replica,
+                }
+            )
+        )

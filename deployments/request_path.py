@@ -43,8 +43,12 @@ def sse_error(e: OpenAIError) -> bytes:
     """A failure after the stream started: an `error` event, then `[DONE]`, as clients expect.
     Frames end in a bare "\\n\\n", as OpenAI and vLLM send them: clients that split the stream
     on blank lines (vllm.benchmarks.serve among them) cannot parse "\\r\\n" frames."""
-    return b"event: error\ndata: " + json.dumps(e.body(), separators=(",", ":")).encode() + \
-        b"\n\n" + DONE_FRAME  # fmt: skip
+    return (
+        b"event: error\ndata: "
+        + json.dumps(e.body(), separators=(",", ":")).encode()
+        + b"\n\n"
+        + DONE_FRAME
+    )
 
 
 class SseChunks:
@@ -67,12 +71,16 @@ class SseChunks:
             if not payload or payload == b"[DONE]":
                 continue
             chunk = json.loads(payload)
-            if event == "error" or (isinstance(chunk, dict) and "error" in chunk and
-                                    "choices" not in chunk):  # fmt: skip
+            if event == "error" or (
+                isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk
+            ):
                 err = chunk.get("error") or {}
-                raise OpenAIError(int(err.get("code") or 500) if str(err.get("code", "")).isdigit()
-                                  else 500, str(err.get("message", "stream failed")),
-                                  code=err.get("code"), type=err.get("type"))  # fmt: skip
+                raise OpenAIError(
+                    int(err.get("code") or 500) if str(err.get("code", "")).isdigit() else 500,
+                    str(err.get("message", "stream failed")),
+                    code=err.get("code"),
+                    type=err.get("type"),
+                )
             chunks.append(chunk)
         return chunks
 
@@ -119,6 +127,8 @@ async def unless_disconnected(work, receive):
 
 def health_counts(snapshot: dict[str, dict[str, int]]) -> dict[str, int]:
     """/healthz for a caller without a key: how much, not which models."""
-    return {"num_models": len(snapshot),
-            "in_flight": sum(s["in_flight"] for s in snapshot.values()),
-            "queued": sum(s["queued"] for s in snapshot.values())}
+    return {
+        "num_models": len(snapshot),
+        "in_flight": sum(s["in_flight"] for s in snapshot.values()),
+        "queued": sum(s["queued"] for s in snapshot.values()),
+    }

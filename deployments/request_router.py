@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from typing import Any, List, Optional
+from typing import Any
 
 from ray.serve.request_router import (
     FIFOMixin,
@@ -43,7 +43,7 @@ def replica_load(replica: RunningReplica, num_in_flight: int, now_s: float) -> R
     )
 
 
-def _avoided_replica(pending_request: Optional[PendingRequest]) -> str | None:
+def _avoided_replica(pending_request: PendingRequest | None) -> str | None:
     args = getattr(pending_request, "args", None) or ()
     return getattr(args[0], "avoid_replica_id", None) if args else None
 
@@ -62,13 +62,14 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
 
     async def choose_replicas(
         self,
-        candidate_replicas: List[RunningReplica],
-        pending_request: Optional[PendingRequest] = None,
-    ) -> List[List[RunningReplica]]:
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
         avoid = _avoided_replica(pending_request)
         if avoid is not None:  # a retry: not the replica that refused it, while there is another
-            candidate_replicas = [r for r in candidate_replicas
-                                  if r.replica_id.unique_id != avoid] or candidate_replicas  # fmt: skip
+            candidate_replicas = [
+                r for r in candidate_replicas if r.replica_id.unique_id != avoid
+            ] or candidate_replicas
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]
@@ -78,8 +79,13 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
             return []
         if logger.isEnabledFor(logging.DEBUG):
             request_id = pending_request.metadata.request_id if pending_request else "-"
-            logger.debug("route %s -> %s (%s) candidates %s", request_id, choice.replica_id,
-                         choice.reason, choice.candidates)  # fmt: skip
+            logger.debug(
+                "route %s -> %s (%s) candidates %s",
+                request_id,
+                choice.replica_id,
+                choice.reason,
+                choice.candidates,
+            )
         if session:
             self._sessions[session] = choice.replica_id
             self._sessions.move_to_end(session)
@@ -88,11 +94,13 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         # The other healthy ones, best first, as fallbacks if the chosen one refuses (queue full).
         scores = {x.replica_id: score(x, self._weights) for x in loads if x.healthy}
         scores.pop(choice.replica_id, None)
-        rest = sorted((r for r in candidate_replicas if r.replica_id.unique_id in scores),
-                      key=lambda r: scores[r.replica_id.unique_id])  # fmt: skip
+        rest = sorted(
+            (r for r in candidate_replicas if r.replica_id.unique_id in scores),
+            key=lambda r: scores[r.replica_id.unique_id],
+        )
         return [[by_id[choice.replica_id]], rest] if rest else [[by_id[choice.replica_id]]]
 
-    def _session_of(self, pending_request: Optional[PendingRequest]) -> str:
+    def _session_of(self, pending_request: PendingRequest | None) -> str:
         if not self._session_affinity or pending_request is None:
             return ""
         return pending_request.metadata.session_id or ""
@@ -127,9 +135,9 @@ class RoundRobinRequestRouter(FIFOMixin, RequestRouter):
 
     async def choose_replicas(
         self,
-        candidate_replicas: List[RunningReplica],
-        pending_request: Optional[PendingRequest] = None,
-    ) -> List[List[RunningReplica]]:
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)

@@ -17,7 +17,8 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -82,8 +83,9 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
-        self._by_priority = {m.name: m.engine.scheduling_policy == "priority"
-                             for m in self._config.models}  # fmt: skip
+        self._by_priority = {
+            m.name: m.engine.scheduling_policy == "priority" for m in self._config.models
+        }
         # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
         # deadlines (one timer for all instead of a timeout around every item).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
@@ -172,12 +174,14 @@ class Router:
             what = f"{len(waiting)} of {len(self._handles)} models have no replica serving"
             if tenant is not None:
                 what = "; ".join(f"{m}: {why}" for m, why in sorted(waiting.items()))
-            raise OpenAIError(503, f"not ready: {what}", code="not_ready",
-                              headers={"Retry-After": "5"})  # fmt: skip
+            raise OpenAIError(
+                503, f"not ready: {what}", code="not_ready", headers={"Retry-After": "5"}
+            )
         body: dict[str, Any] = {"status": "ready", "num_models": len(self._handles)}
         if tenant is not None:
-            body["models"] = sorted(m for m in self._handles
-                                    if tenant.models is None or m in tenant.models)
+            body["models"] = sorted(
+                m for m in self._handles if tenant.models is None or m in tenant.models
+            )
         return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -226,15 +230,25 @@ class Router:
             with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
                 tenant = self._directory.authenticate(request.headers.get("authorization"))
             trail.tenant = tenant.name
-            request.state.response_headers = {**self._gate.rate_headers(tenant),
-                                              "x-llmserve-tenant": tenant.name}  # fmt: skip
+            request.state.response_headers = {
+                **self._gate.rate_headers(tenant),
+                "x-llmserve-tenant": tenant.name,
+            }
             self._gate.precheck(tenant)  # a flood is refused before its bodies are read
             raw = await read_body(request, self._config.http.max_request_body_bytes)
             body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
             headers = tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k)))
-            reply = await self._open(path, body, len(raw), tenant, request_id, headers,
-                                     session[:128] if session else None, trail)  # fmt: skip
+            reply = await self._open(
+                path,
+                body,
+                len(raw),
+                tenant,
+                request_id,
+                headers,
+                session[:128] if session else None,
+                trail,
+            )
             request.state.response_headers = {**reply.headers, "x-llmserve-tenant": tenant.name}
         except BaseException as e:
             trail.finish(*outcome_of(e))
@@ -242,8 +256,9 @@ class Router:
         head = reply.head
         if head.is_stream:
             trail.stream = True
-            return StreamingResponse(self._relay.sse(reply), status_code=head.status,
-                                     media_type=head.content_type)  # fmt: skip
+            return StreamingResponse(
+                self._relay.sse(reply), status_code=head.status, media_type=head.content_type
+            )
         try:
             content = await unless_disconnected(self._relay.collect(reply), request.receive)
         except BaseException as e:
@@ -275,8 +290,7 @@ class Router:
     async def stream_completions(
         self, body: dict[str, Any], api_key: str | None = None
     ) -> AsyncIterator[dict]:
-        async for chunk in self._handle_stream(COMPLETIONS_PATH, {**body, "stream": True},
-                                               api_key):  # fmt: skip
+        async for chunk in self._handle_stream(COMPLETIONS_PATH, {**body, "stream": True}, api_key):
             yield chunk
 
     async def _handle_call(self, path: str, body: dict[str, Any], api_key: str | None) -> dict:
@@ -286,8 +300,7 @@ class Router:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
             self._gate.precheck(tenant)
-            reply = await self._open(path, body, body_size(body), tenant, request_id,
-                                     trail=trail)  # fmt: skip
+            reply = await self._open(path, body, body_size(body), tenant, request_id, trail=trail)
             content = await self._relay.collect(reply)
             if reply.head.status >= 400:
                 raise OpenAIError.from_reply(reply.head.status, content)
@@ -304,8 +317,7 @@ class Router:
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
-            reply = await self._open(path, body, body_size(body), tenant, request_id,
-                                     trail=trail)  # fmt: skip
+            reply = await self._open(path, body, body_size(body), tenant, request_id, trail=trail)
             if not reply.head.is_stream:
                 raise OpenAIError.from_reply(reply.head.status, await self._relay.collect(reply))
             chunks = SseChunks()
@@ -346,8 +358,9 @@ class Router:
         if handle is None:
             raise model_not_found(fields.model)  # the same words as "not yours"
         generates = path in GENERATION_PATHS
-        terms = request_terms(tenant, fields.model, fields.max_tokens, fields.timeout_s,
-                              model.max_tokens_default)  # fmt: skip
+        terms = request_terms(
+            tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
+        )
         num_tokens = estimate_prompt_tokens(body_size)
         if generates:
             num_tokens += terms.max_tokens * fields.n
@@ -361,22 +374,41 @@ class Router:
         reply_headers = dict(ticket.rate_headers)
         if terms.max_tokens_clamped_from is not None:
             reply_headers["x-max-tokens-clamped"] = (
-                f"{terms.max_tokens_clamped_from}->{terms.max_tokens}")
+                f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
+            )
         try:
             priority = self._gate.priority(tenant) if self._by_priority[fields.model] else None
-            forwarded = rewrite_body(body) if not generates else rewrite_body(
-                body, default_max_tokens=model.max_tokens_default,
-                max_tokens_cap=tenant.max_tokens_cap, priority=priority)
+            forwarded = (
+                rewrite_body(body)
+                if not generates
+                else rewrite_body(
+                    body,
+                    default_max_tokens=model.max_tokens_default,
+                    max_tokens_cap=tenant.max_tokens_cap,
+                    priority=priority,
+                )
+            )
             with tracing.tracer.start_as_current_span("dispatch") as span:
                 trace_headers = tuple(tracing.current_trace_headers().items())
-                request = ReplicaRequest(request_id, path, forwarded, (
-                    *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
-                    *trace_headers, ("x-request-id", request_id),
-                    *(() if any(k == "content-type" for k, _ in headers)
-                      else (("content-type", "application/json"),))))  # fmt: skip
+                request = ReplicaRequest(
+                    request_id,
+                    path,
+                    forwarded,
+                    (
+                        *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
+                        *trace_headers,
+                        ("x-request-id", request_id),
+                        *(
+                            ()
+                            if any(k == "content-type" for k, _ in headers)
+                            else (("content-type", "application/json"),)
+                        ),
+                    ),
+                )
                 dispatched_s = time.monotonic()
-                stream, head = await self._relay.dispatch(handle, request, ticket,
-                                                    session_id or session_of(body))  # fmt: skip
+                stream, head = await self._relay.dispatch(
+                    handle, request, ticket, session_id or session_of(body)
+                )
                 span.set_attribute("llmserve.replica", head.replica_id)
         except BaseException:
             self._gate.finish(ticket, 0)
@@ -388,4 +420,3 @@ class Router:
         # Not the current span: the reply is consumed later, possibly in another task.
         span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
         return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)
-

@@ -39,8 +39,9 @@ class _BadRequest(Exception):
 
 def _error_body(message: str, param: str | None, status: int = 400) -> bytes:
     # The shape of vLLM's own error responses.
-    return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
-                                 "code": status}}).encode()  # fmt: skip
+    return json.dumps(
+        {"error": {"message": message, "type": "BadRequestError", "param": param, "code": status}}
+    ).encode()
 
 
 class SimEngine:
@@ -107,8 +108,13 @@ class SimEngine:
         start = time.monotonic()
         try:
             if req["stream"]:
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")],
+                    }
+                )
             n = 0
             while True:
                 done = await seq.queue.get()
@@ -119,8 +125,13 @@ class SimEngine:
                     if usage.first_output_s is None:
                         usage.first_output_s = usage.last_output_s
                 if req["stream"]:
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": _frame(rid, chat, n, done)})  # fmt: skip
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "more_body": True,
+                            "body": _frame(rid, chat, n, done),
+                        }
+                    )
                 if done:
                     break
             if req["stream"]:
@@ -156,16 +167,21 @@ class SimEngine:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _BadRequest("max_tokens must be a positive integer", "max_tokens")
         if num_prompt + max_tokens > self.max_model_len:
-            raise _BadRequest(f"maximum context length is {self.max_model_len} tokens",
-                              "max_tokens")  # fmt: skip
+            raise _BadRequest(
+                f"maximum context length is {self.max_model_len} tokens", "max_tokens"
+            )
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise _BadRequest("stream must be a boolean", "stream")
         options = body.get("stream_options") or {}
         priority = body.get("priority", 0)
-        return {"num_prompt": num_prompt, "max_tokens": max_tokens, "stream": stream,
-                "include_usage": isinstance(options, dict) and options.get("include_usage") is True,
-                "priority": priority if isinstance(priority, int) else 0}  # fmt: skip
+        return {
+            "num_prompt": num_prompt,
+            "max_tokens": max_tokens,
+            "stream": stream,
+            "include_usage": isinstance(options, dict) and options.get("include_usage") is True,
+            "priority": priority if isinstance(priority, int) else 0,
+        }
 
     # -------------------------------------------------------------------------------- the seam
 
@@ -191,19 +207,27 @@ class SimEngine:
 
 
 async def _respond(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 def _frame(rid: str, chat: bool, n: int, done: bool) -> bytes:
     finish = b'"length"' if done else b"null"
     if chat:
-        return (b'data: {"id":"%s","object":"chat.completion.chunk","choices":[{"index":0,'
-                b'"delta":{"content":" tok%d"},"finish_reason":%s}]}\n\n'
-                % (rid.encode(), n, finish))  # fmt: skip
-    return (b'data: {"id":"%s","object":"text_completion","choices":[{"index":0,'
-            b'"text":" tok%d","finish_reason":%s}]}\n\n' % (rid.encode(), n, finish))  # fmt: skip
+        return (
+            b'data: {"id":"%s","object":"chat.completion.chunk","choices":[{"index":0,'
+            b'"delta":{"content":" tok%d"},"finish_reason":%s}]}\n\n' % (rid.encode(), n, finish)
+        )
+    return (
+        b'data: {"id":"%s","object":"text_completion","choices":[{"index":0,'
+        b'"text":" tok%d","finish_reason":%s}]}\n\n' % (rid.encode(), n, finish)
+    )
 
 
 def _usage(num_prompt: int, n: int) -> dict[str, int]:
@@ -219,10 +243,14 @@ def _usage_frame(rid: str, chat: bool, num_prompt: int, n: int) -> bytes:
 def _whole(rid: str, chat: bool, num_prompt: int, n: int) -> bytes:
     text = "".join(f" tok{i}" for i in range(1, n + 1))
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": "length"}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "length",
+        }
     else:
         choice = {"index": 0, "text": text, "finish_reason": "length"}
     obj = "chat.completion" if chat else "text_completion"
-    return json.dumps({"id": rid, "object": obj, "choices": [choice],
-                       "usage": _usage(num_prompt, n)}).encode()  # fmt: skip
+    return json.dumps(
+        {"id": rid, "object": obj, "choices": [choice], "usage": _usage(num_prompt, n)}
+    ).encode()

@@ -125,8 +125,12 @@ class VLLMEngine:
         mounted = {getattr(r, "path", None) for r in self.app.routes}
         self.paths = frozenset(p for p in FORWARDED_PATHS if p in mounted)
         self.max_model_len = self._engine.model_config.max_model_len
-        logger.info("engine for %s ready: tasks %s, max_model_len=%d", self._model.name, tasks,
-                    self.max_model_len)  # fmt: skip
+        logger.info(
+            "engine for %s ready: tasks %s, max_model_len=%d",
+            self._model.name,
+            tasks,
+            self.max_model_len,
+        )
 
     def stats(self) -> EngineStats:
         engine = self._engine
@@ -152,8 +156,9 @@ class VLLMEngine:
 
     def _engine_pid(self) -> int | None:
         # The EngineCore process: what dies in a crash, and what the chaos tests kill.
-        manager = getattr(getattr(self._engine.engine_core, "resources", None), "engine_manager",
-                          None)  # fmt: skip
+        manager = getattr(
+            getattr(self._engine.engine_core, "resources", None), "engine_manager", None
+        )
         procs = getattr(manager, "processes", None) or []
         return procs[0].pid if procs else None
 

@@ -15,8 +15,8 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -46,8 +46,11 @@ def legend(template: str | None, labels: dict[str, str]) -> str:
 
 def fetch_range(prometheus: str, start: float, end: float, step: float) -> Callable:
     def fetch(expr: str) -> list[tuple[dict, list[float], list[float]]]:
-        r = httpx.get(f"{prometheus}/api/v1/query_range", timeout=30, params={
-            "query": expr, "start": start, "end": end, "step": step})  # fmt: skip
+        r = httpx.get(
+            f"{prometheus}/api/v1/query_range",
+            timeout=30,
+            params={"query": expr, "start": start, "end": end, "step": step},
+        )
         r.raise_for_status()
         out = []
         for s in r.json()["data"]["result"]:
@@ -86,14 +89,15 @@ def render(collected: list[tuple[str, str, list[Series]]], out: Path, title: str
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         if not series:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", color="grey",
-                    transform=ax.transAxes)  # fmt: skip
+            ax.text(
+                0.5, 0.5, "no data", ha="center", va="center", color="grey", transform=ax.transAxes
+            )
         for label, times, values in series[:8]:
             ax.plot([(t - t0) / 60 for t in times], values, label=label[:40], linewidth=1.2)
         if series:
             ax.legend(fontsize=6, loc="upper left")
         ax.set_xlabel(f"minutes{'  (' + unit + ')' if unit else ''}", fontsize=7)
-    for ax in list(axes.flat)[len(collected):]:
+    for ax in list(axes.flat)[len(collected) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.97))  # room for the title
@@ -111,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     end = time.time()
     start = end - args.minutes * 60
     step = max(1.0, args.minutes * 60 / 300)
-    collected = collect(json.loads(DASHBOARD.read_text()),
-                        fetch_range(args.prometheus, start, end, step))  # fmt: skip
+    collected = collect(
+        json.loads(DASHBOARD.read_text()), fetch_range(args.prometheus, start, end, step)
+    )
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(end))
     render(collected, args.out, f"llmserve dashboard, rendered from {args.prometheus} at {stamp}")
     empty = [name for name, _, series in collected if not series]

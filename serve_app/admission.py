@@ -194,8 +194,10 @@ class AdmissionPolicy:
             self._push(entry)
             return Queue(entry_id)
         if self._displace_lower_priority and self._queued:
-            worst = max((fifo[next(reversed(fifo))] for fifo in self._levels.values()),
-                        key=lambda e: self._key(e, now_s))
+            worst = max(
+                (fifo[next(reversed(fifo))] for fifo in self._levels.values()),
+                key=lambda e: self._key(e, now_s),
+            )
             if self._key(entry, now_s) < self._key(worst, now_s):
                 self._remove(worst)
                 self._push(entry)
@@ -251,8 +253,9 @@ class AdmissionPolicy:
                 self._remove(head)
                 expired.append(head)
         expired.sort(key=lambda e: e.seq)
-        return [Reject(e.entry_id, "queue_timeout", self._retry_after_s(e.priority))
-                for e in expired]  # fmt: skip
+        return [
+            Reject(e.entry_id, "queue_timeout", self._retry_after_s(e.priority)) for e in expired
+        ]
 
     # -- internals -------------------------------------------------------------------
 
@@ -286,8 +289,10 @@ class AdmissionPolicy:
     def _start_queued(self, now_s: float) -> list[str]:
         started: list[str] = []
         while self._queued and len(self._in_flight) < self._capacity:
-            heads = sorted((fifo[next(iter(fifo))] for fifo in self._levels.values()),
-                           key=lambda e: self._key(e, now_s))  # fmt: skip
+            heads = sorted(
+                (fifo[next(iter(fifo))] for fifo in self._levels.values()),
+                key=lambda e: self._key(e, now_s),
+            )
             best = next((e for e in heads if self._may_start(e.priority)), None)
             if best is None:  # only capped entries wait, and their share is taken
                 break
@@ -303,8 +308,11 @@ class AdmissionPolicy:
         if self._mean_service_s is None or self._capacity == 0:
             return None
         key, capped = self._key(entry, now_s), self._is_capped(entry.priority)
-        ahead = sum(1 for e in self._queued.values()
-                    if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority)))
+        ahead = sum(
+            1
+            for e in self._queued.values()
+            if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority))
+        )
         slots = self.capped_limit if capped else self._capacity
         return (ahead + 1) * self._mean_service_s / slots
 

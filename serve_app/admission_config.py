@@ -68,12 +68,13 @@ class TenantConfig(Strict):
     @classmethod
     def _digests_ok(cls, v: list[str]) -> list[str]:
         if any(not HEX_DIGEST_RE.fullmatch(d) for d in v):
-            raise ValueError("api_key_sha256 entries are 64 hex digits: "
-                             "`printf %s KEY | sha256sum`")
+            raise ValueError(
+                "api_key_sha256 entries are 64 hex digits: `printf %s KEY | sha256sum`"
+            )
         return [d.lower() for d in v]
 
     @model_validator(mode="after")
-    def _timeouts(self) -> "TenantConfig":
+    def _timeouts(self) -> TenantConfig:
         if self.default_timeout_s > self.max_timeout_s:
             raise ValueError(
                 f"tenant {self.name!r}: default_timeout_s {self.default_timeout_s} is above "
@@ -89,7 +90,9 @@ class AdmissionConfig(Strict):
     )
     max_queue_len: int = Field(default=256, ge=0, description="Per model, per Router replica.")
     max_queue_wait_s: float = Field(
-        default=30.0, gt=0, allow_inf_nan=False,
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
         description="Longest a request may wait in the queue (and refused on arrival when its "
         "expected wait is longer): 503 + Retry-After.",
     )
@@ -104,7 +107,9 @@ class AdmissionConfig(Strict):
         default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
     )
     batch_max_share: float = Field(
-        default=1.0, gt=0, le=1,
+        default=1.0,
+        gt=0,
+        le=1,
         description="The lowest class (the largest level: batch) holds at most this share of "
         "a model's in-flight slots, at least one; the rest stay free for the other classes, "
         "so their requests start at once under a batch flood. 1 = no reservation.",
@@ -116,7 +121,7 @@ class AdmissionConfig(Strict):
     )
 
     @model_validator(mode="after")
-    def _known_classes(self) -> "AdmissionConfig":
+    def _known_classes(self) -> AdmissionConfig:
         unknown = set(self.max_queue_wait_s_by_class) - set(self.priority_levels)
         if unknown:
             raise ValueError(

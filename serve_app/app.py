@@ -14,8 +14,8 @@ from ray.serve.config import RequestRouterConfig
 from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source
-from serve_app.ray_env import REPLICA_ENV
 from serve_app.config import AppConfig, ModelConfig
+from serve_app.ray_env import REPLICA_ENV
 
 
 def deployment_name(model: ModelConfig) -> str:
@@ -38,9 +38,12 @@ def request_router_config(model: ModelConfig) -> RequestRouterConfig | None:
     if r.policy == "llm_aware":
         kwargs = {
             "session_affinity": r.session_affinity,
-            "weights": {"waiting": r.waiting_weight, "kv_cache": r.kv_cache_weight,
-                        "max_affinity_score": r.max_affinity_score},
-        }  # fmt: skip
+            "weights": {
+                "waiting": r.waiting_weight,
+                "kv_cache": r.kv_cache_weight,
+                "max_affinity_score": r.max_affinity_score,
+            },
+        }
     return RequestRouterConfig(
         request_router_class=ROUTERS[r.policy],
         request_router_kwargs=kwargs,
@@ -82,9 +85,11 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
     if not config.tenants:
-        raise ValueError("tenants: none configured, so no request could be served. Give a "
-                         "tenant its keys (api_key_env: [VAR] in production), or for a local "
-                         "demo set admission.anonymous_tenant to a tenant's name.")
+        raise ValueError(
+            "tenants: none configured, so no request could be served. Give a "
+            "tenant its keys (api_key_env: [VAR] in production), or for a local "
+            "demo set admission.anonymous_tenant to a tenant's name."
+        )
     cache_dir = config.cache_dir()
     # Fail here, with the model's name and the fix, rather than in a replica crash loop.
     for model in config.models:
@@ -111,12 +116,17 @@ def build_app(args: dict[str, Any]) -> Application:
                 "runtime_env": {"env_vars": {**REPLICA_ENV, **d.env_vars}},
                 **({"resources": dict(d.resources)} if d.resources else {}),
             },
-        ).bind(model, str(cache_dir), tracing=config.tracing,
-               num_router_replicas=config.router.num_replicas)
+        ).bind(
+            model,
+            str(cache_dir),
+            tracing=config.tracing,
+            num_router_replicas=config.router.num_replicas,
+        )
     r = config.router
     # Ray Serve's default (20 s) would cut requests that may run for minutes on every change.
     grace_s = r.graceful_shutdown_timeout_s or ROUTER_GRACE_MARGIN_S + max(
-        t.max_timeout_s for t in config.effective_tenants())
+        t.max_timeout_s for t in config.effective_tenants()
+    )
     return Router.options(
         num_replicas=r.num_replicas,
         max_ongoing_requests=r.max_ongoing_requests,

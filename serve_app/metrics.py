@@ -43,21 +43,28 @@ class RouterMetrics:
         def hist(name: str, desc: str, bounds: list[float]) -> Histogram:
             return Histogram(name, description=desc, boundaries=bounds, tag_keys=REQUEST_TAGS)
 
-        self.ttft = hist("llmserve_ttft_seconds", "Time to first token at the Router.",
-                         TTFT_BUCKETS_S)  # fmt: skip
-        self.tpot = hist("llmserve_tpot_seconds", "Time per output token after the first.",
-                         TPOT_BUCKETS_S)  # fmt: skip
-        self.e2e = hist("llmserve_e2e_seconds", "End-to-end request latency at the Router.",
-                        E2E_BUCKETS_S)  # fmt: skip
-        self.queue_wait = hist("llmserve_queue_wait_seconds", "Time admitted requests waited "
-                               "in the Router's queue.", QUEUE_BUCKETS_S)  # fmt: skip
+        self.ttft = hist(
+            "llmserve_ttft_seconds", "Time to first token at the Router.", TTFT_BUCKETS_S
+        )
+        self.tpot = hist(
+            "llmserve_tpot_seconds", "Time per output token after the first.", TPOT_BUCKETS_S
+        )
+        self.e2e = hist(
+            "llmserve_e2e_seconds", "End-to-end request latency at the Router.", E2E_BUCKETS_S
+        )
+        self.queue_wait = hist(
+            "llmserve_queue_wait_seconds",
+            "Time admitted requests waited in the Router's queue.",
+            QUEUE_BUCKETS_S,
+        )
         self.requests = Counter(
             "llmserve_requests",
             description="Requests by outcome (ok, cancelled, or HTTP status) and error code.",
             tag_keys=(*REQUEST_TAGS, "outcome", "code"),
         )
-        self.prompt_tokens = Counter("llmserve_prompt_tokens", description="Prompt tokens.",
-                                     tag_keys=REQUEST_TAGS)  # fmt: skip
+        self.prompt_tokens = Counter(
+            "llmserve_prompt_tokens", description="Prompt tokens.", tag_keys=REQUEST_TAGS
+        )
         self.generation_tokens = Counter(
             "llmserve_generation_tokens", description="Generated tokens.", tag_keys=REQUEST_TAGS
         )
@@ -118,12 +125,16 @@ class ReplicaGpuMetrics:
     def __init__(self, model: str) -> None:
         tags = ("model", "gpu")
         self._model = model
-        self.utilization = Gauge("llmserve_gpu_utilization_percent",
-                                 description="GPU utilisation (NVML), per replica and GPU.",
-                                 tag_keys=tags)  # fmt: skip
-        self.memory_used = Gauge("llmserve_gpu_memory_used_bytes",
-                                 description="GPU memory in use (NVML), per replica and GPU.",
-                                 tag_keys=tags)  # fmt: skip
+        self.utilization = Gauge(
+            "llmserve_gpu_utilization_percent",
+            description="GPU utilisation (NVML), per replica and GPU.",
+            tag_keys=tags,
+        )
+        self.memory_used = Gauge(
+            "llmserve_gpu_memory_used_bytes",
+            description="GPU memory in use (NVML), per replica and GPU.",
+            tag_keys=tags,
+        )
 
     def export(self, samples) -> None:
         for s in samples:

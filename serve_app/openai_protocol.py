@@ -74,12 +74,17 @@ class OpenAIError(Exception):
         )
 
     @classmethod
-    def from_reply(cls, status: int, body: bytes) -> "OpenAIError":
+    def from_reply(cls, status: int, body: bytes) -> OpenAIError:
         """The error a replica answered (vLLM's body), for DeploymentHandle callers."""
         try:
             err = json.loads(body)["error"]
-            return cls(status, str(err.get("message", "")), param=err.get("param"),
-                       code=err.get("code"), type=err.get("type"))  # fmt: skip
+            return cls(
+                status,
+                str(err.get("message", "")),
+                param=err.get("param"),
+                code=err.get("code"),
+                type=err.get("type"),
+            )
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls(status, body.decode("utf-8", "replace")[:500])
 
@@ -96,8 +101,10 @@ I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 def _int64(literal: str) -> int:
     value = int(literal)
     if not I64_MIN <= value <= I64_MAX:
-        raise OverflowError(f"the integer {literal[:40]}{'...' if len(literal) > 40 else ''} "
-                            "does not fit in 64 bits")
+        raise OverflowError(
+            f"the integer {literal[:40]}{'...' if len(literal) > 40 else ''} "
+            "does not fit in 64 bits"
+        )
     return value
 
 
@@ -111,7 +118,9 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     except OverflowError as e:
         raise OpenAIError(400, str(e), code="invalid_value") from None
     except json.JSONDecodeError as e:
-        raise OpenAIError(400, f"request body is not valid JSON: {e.msg} at position {e.pos}")
+        raise OpenAIError(
+            400, f"request body is not valid JSON: {e.msg} at position {e.pos}"
+        ) from None
     except RecursionError:
         raise OpenAIError(400, "request body is nested too deeply") from None
     except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits
@@ -154,8 +163,9 @@ def read_fields(body: dict[str, Any], max_n: int) -> RequestFields:
     """The fields admission needs; raises a 400 for those that are the platform's own."""
     model = body.get("model")
     if model is None:
-        raise OpenAIError(400, "'model' is a required property", param="model",
-                          code="invalid_value")  # fmt: skip
+        raise OpenAIError(
+            400, "'model' is a required property", param="model", code="invalid_value"
+        )
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", param="model", code="invalid_value")
     max_tokens = None
@@ -175,8 +185,12 @@ def _timeout(value: Any) -> float | None:
     """The request's own deadline (the platform's `timeout` extension), in seconds."""
     if value is None:
         return None
-    bad = OpenAIError(400, f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
-                      param="timeout", code="invalid_value")  # fmt: skip
+    bad = OpenAIError(
+        400,
+        f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
+        param="timeout",
+        code="invalid_value",
+    )
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad
     if isinstance(value, int) and not 0 < value <= MAX_TIMEOUT_S:  # before float(): no overflow

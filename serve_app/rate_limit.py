@@ -272,8 +272,9 @@ class TenantLimiter:
         d = self._requests.peek(1, now_s)
         if d.allowed:
             return LimitDecision(True, (), 0.0, False, self.status(now_s))
-        return LimitDecision(False, ("requests",), d.retry_after_s, d.exceeds_capacity,
-                             self.status(now_s))
+        return LimitDecision(
+            False, ("requests",), d.retry_after_s, d.exceeds_capacity, self.status(now_s)
+        )
 
     def settle(self, num_reserved_tokens: int, num_used_tokens: int, now_s: float) -> None:
         """Correct an admitted request's reservation to its actual usage.

@@ -172,14 +172,24 @@ def model_rows(prev: Snapshot | None, cur: Snapshot) -> list[ModelRow]:
                 buckets, all_time = delta, False
         tokens_per_s = None
         if prev is not None:
-            tokens_per_s = counter_rate(before.generation_tokens if before else None,
-                                        m.generation_tokens, cur.time_s - prev.time_s)  # fmt: skip
-        rows.append(ModelRow(
-            model=model, replicas=m.replicas, queue_depth=m.queue_depth, in_flight=m.in_flight,
-            capacity=m.capacity, ttft_p50_s=histogram_quantile(0.5, buckets),
-            ttft_p99_s=histogram_quantile(0.99, buckets), ttft_all_time=all_time,
-            tokens_per_s=tokens_per_s,
-        ))  # fmt: skip
+            tokens_per_s = counter_rate(
+                before.generation_tokens if before else None,
+                m.generation_tokens,
+                cur.time_s - prev.time_s,
+            )
+        rows.append(
+            ModelRow(
+                model=model,
+                replicas=m.replicas,
+                queue_depth=m.queue_depth,
+                in_flight=m.in_flight,
+                capacity=m.capacity,
+                ttft_p50_s=histogram_quantile(0.5, buckets),
+                ttft_p99_s=histogram_quantile(0.99, buckets),
+                ttft_all_time=all_time,
+                tokens_per_s=tokens_per_s,
+            )
+        )
     return rows
 
 
@@ -205,9 +215,17 @@ def render(rows: list[ModelRow], header: str, notes: Iterable[str] = ()) -> str:
         if r.capacity is not None:
             in_flight += f"/{_num(r.capacity)}"
         tok = "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.1f}"
-        table.append((r.model, _num(r.replicas), _num(r.queue_depth), in_flight,
-                      _secs(r.ttft_p50_s, r.ttft_all_time), _secs(r.ttft_p99_s, r.ttft_all_time),
-                      tok))  # fmt: skip
+        table.append(
+            (
+                r.model,
+                _num(r.replicas),
+                _num(r.queue_depth),
+                in_flight,
+                _secs(r.ttft_p50_s, r.ttft_all_time),
+                _secs(r.ttft_p99_s, r.ttft_all_time),
+                tok,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     lines = [header, ""]
     for row in table:

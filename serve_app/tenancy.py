@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hmac
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from serve_app.config import AppConfig, TenantConfig, key_digest
 from serve_app.openai_protocol import OpenAIError
@@ -32,8 +32,10 @@ class TenantDirectory:
                 digest = bytes.fromhex(d)
                 owner = next((n for k, n in self._keys if k == digest and n != t.name), None)
                 if owner is not None:  # the config checks inline keys; env keys land here
-                    raise ValueError(f"tenants {owner!r} and {t.name!r}: an API key is given "
-                                     "to more than one tenant")  # fmt: skip
+                    raise ValueError(
+                        f"tenants {owner!r} and {t.name!r}: an API key is given "
+                        "to more than one tenant"
+                    )
                 self._keys.append((digest, t.name))
         anon = config.admission.anonymous_tenant
         self._anonymous = self._by_name.get(anon) if anon else None
@@ -55,13 +57,19 @@ class TenantDirectory:
         if not authorization:
             if self._anonymous is not None:
                 return self._anonymous
-            raise OpenAIError(401, "Missing API key: send `Authorization: Bearer YOUR_KEY`.",
-                              code="missing_api_key")  # fmt: skip
+            raise OpenAIError(
+                401,
+                "Missing API key: send `Authorization: Bearer YOUR_KEY`.",
+                code="missing_api_key",
+            )
         scheme, _, key = authorization.partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
-            raise OpenAIError(401, "Malformed Authorization header: expected `Bearer YOUR_KEY`.",
-                              code="invalid_api_key")  # fmt: skip
+            raise OpenAIError(
+                401,
+                "Malformed Authorization header: expected `Bearer YOUR_KEY`.",
+                code="invalid_api_key",
+            )
         presented = bytes.fromhex(key_digest(key))
         found = None
         for digest, name in self._keys:  # no early exit: same work for every key
@@ -96,8 +104,12 @@ class RequestTerms:
 def model_not_found(model: str) -> OpenAIError:
     """One answer, word for word, for "no such model" and "not one of yours": a tenant learns
     nothing about the models of others by probing names."""
-    return OpenAIError(404, f"The model '{model}' does not exist or you do not have access to "
-                       "it.", param="model", code="model_not_found")
+    return OpenAIError(
+        404,
+        f"The model '{model}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def request_terms(
@@ -122,8 +134,12 @@ def request_terms(
     if cap is not None:
         if max_tokens > cap:
             if tenant.max_tokens_over_cap == "reject":
-                raise OpenAIError(400, f"max_tokens {max_tokens} is above your limit of {cap}",
-                                  param="max_tokens", code="max_tokens_above_limit")  # fmt: skip
+                raise OpenAIError(
+                    400,
+                    f"max_tokens {max_tokens} is above your limit of {cap}",
+                    param="max_tokens",
+                    code="max_tokens_above_limit",
+                )
             clamped_from, max_tokens = max_tokens, cap
     return RequestTerms(max_tokens, max_tokens, clamped_from, timeout)
 

@@ -16,7 +16,8 @@ import os
 import re
 import threading
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -52,14 +53,19 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for s in spans:
             ctx, parent = s.get_span_context(), s.parent
-            lines.append(json.dumps({
-                "name": s.name,
-                "trace_id": f"{ctx.trace_id:032x}",
-                "span_id": f"{ctx.span_id:016x}",
-                "parent_id": f"{parent.span_id:016x}" if parent else None,
-                "start_ns": s.start_time, "end_ns": s.end_time,
-                "attributes": dict(s.attributes or {}),
-            }))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "name": s.name,
+                        "trace_id": f"{ctx.trace_id:032x}",
+                        "span_id": f"{ctx.span_id:016x}",
+                        "parent_id": f"{parent.span_id:016x}" if parent else None,
+                        "start_ns": s.start_time,
+                        "end_ns": s.end_time,
+                        "attributes": dict(s.attributes or {}),
+                    }
+                )
+            )
         with open(self._path, "a") as f:  # one write per batch: lines from two processes stay whole
             f.write("".join(line + "\n" for line in lines))
         return SpanExportResult.SUCCESS

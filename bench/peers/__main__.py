@@ -48,26 +48,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--full", action="store_true", help="the full workload (`make bench`)")
     mode.add_argument("--smoke", action="store_true", help="a few requests per stage (CI)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    p.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml",
-                   help="Serve config whose default model and engine args all systems use")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="default: bench/results (--full), /tmp/llmserve-peers-smoke (--smoke)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=ROOT / "serve_config.yaml",
+        help="Serve config whose default model and engine args all systems use",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="default: bench/results (--full), /tmp/llmserve-peers-smoke (--smoke)",
+    )
     p.add_argument("--model-dir", type=Path, help="another local HF model folder (smoke test)")
     p.add_argument("--model-name", help="the name to serve --model-dir under")
     p.add_argument("--max-model-len", type=int, help="override the config's max_model_len")
-    p.add_argument("--port-base", type=int, default=18510,
-                   help="system i listens on port-base + i (each its own port)")
-    p.add_argument("--ready-timeout-s", type=float, default=900,
-                   help="per start attempt; Ray Serve LLM took 7-10 min on this 2-core machine "
-                   "under heavy load from other work")
+    p.add_argument(
+        "--port-base",
+        type=int,
+        default=18510,
+        help="system i listens on port-base + i (each its own port)",
+    )
+    p.add_argument(
+        "--ready-timeout-s",
+        type=float,
+        default=900,
+        help="per start attempt; Ray Serve LLM took 7-10 min on this 2-core machine "
+        "under heavy load from other work",
+    )
     # Narrower runs, for development; the full run takes the presets in spec.py.
     p.add_argument("--concurrency", type=int, nargs="+", help="sweep levels")
     p.add_argument("--loads", type=float, nargs="+", help="open-loop multiples of capacity")
     p.add_argument("--window-s", type=float, help="open-loop arrival window per level")
     p.add_argument("--mixed-window-s", type=float)
     p.add_argument("--capacity-rps", type=float, help="skip deriving capacity from the sweep")
-    p.add_argument("--scenarios", nargs="+", choices=["sweep", "open_loop", "mixed"],
-                   default=["sweep", "open_loop", "mixed"])
+    p.add_argument(
+        "--scenarios",
+        nargs="+",
+        choices=["sweep", "open_loop", "mixed"],
+        default=["sweep", "open_loop", "mixed"],
+    )
     return p.parse_args(argv)
 
 
@@ -76,12 +96,20 @@ def workload(args: argparse.Namespace) -> Workload:
         SMOKE if args.smoke else FULL,
         concurrencies=tuple(args.concurrency) if args.concurrency else None,
         loads_x_capacity=tuple(args.loads) if args.loads else None,
-        open_loop_window_s=args.window_s, mixed_window_s=args.mixed_window_s,
-    )  # fmt: skip
+        open_loop_window_s=args.window_s,
+        mixed_window_s=args.mixed_window_s,
+    )
 
 
-async def measure(system: systems.System, model: Model, w: Workload, scenario_names: list[str],
-                  capacity: dict[str, Any], entry: dict[str, Any], log: Path) -> None:  # fmt: skip
+async def measure(
+    system: systems.System,
+    model: Model,
+    w: Workload,
+    scenario_names: list[str],
+    capacity: dict[str, Any],
+    entry: dict[str, Any],
+    log: Path,
+) -> None:
     """Runs the scenarios against a ready system, filling `entry` as it goes (so a failure
     halfway keeps what was measured)."""
     url = system.base_url
@@ -90,16 +118,20 @@ async def measure(system: systems.System, model: Model, w: Workload, scenario_na
         entry["sweep"] = await scenarios.sweep(url, model, w, log)
         system.track()
         if capacity.get("rps") is None:
-            capacity.update(rps=scenarios.capacity_rps(entry["sweep"]), reference=system.name,
-                            definition=CAPACITY_DEFINITION.format(ref=system.name))  # fmt: skip
+            capacity.update(
+                rps=scenarios.capacity_rps(entry["sweep"]),
+                reference=system.name,
+                definition=CAPACITY_DEFINITION.format(ref=system.name),
+            )
     if capacity.get("rps") is None and {"open_loop", "mixed"} & set(scenario_names):
         raise RuntimeError("no capacity: run the sweep first or give --capacity-rps")
     if "open_loop" in scenario_names:
         entry["open_loop"] = await scenarios.open_loop(url, model, w, capacity["rps"], log)
         system.track()
     if "mixed" in scenario_names:
-        entry["mixed"] = await scenarios.mixed(url, model, w, capacity["rps"],
-                                               model.engine_args["max_num_seqs"])  # fmt: skip
+        entry["mixed"] = await scenarios.mixed(
+            url, model, w, capacity["rps"], model.engine_args["max_num_seqs"]
+        )
 
 
 def start(system: systems.System, timeout_s: float) -> tuple[float, int]:
@@ -118,16 +150,20 @@ def start(system: systems.System, timeout_s: float) -> tuple[float, int]:
     raise AssertionError("unreachable")
 
 
-def run_system(name: str, port: int, model: Model, w: Workload, args, capacity: dict[str, Any],
-               work_dir: Path) -> dict[str, Any]:  # fmt: skip
+def run_system(
+    name: str, port: int, model: Model, w: Workload, args, capacity: dict[str, Any], work_dir: Path
+) -> dict[str, Any]:
     system = systems.make(name, model, port, work_dir, args.config)
     entry: dict[str, Any] = {"port": port, "error": None}
     print(f"== {name} on port {port} (log {system.log_path})", flush=True)
     try:
         entry["ready_s"], entry["start_attempts"] = start(system, args.ready_timeout_s)
         print(f"  ready after {entry['ready_s']} s", flush=True)
-        asyncio.run(measure(system, model, w, args.scenarios, capacity, entry,
-                            work_dir / f"{name}.client.log"))  # fmt: skip
+        asyncio.run(
+            measure(
+                system, model, w, args.scenarios, capacity, entry, work_dir / f"{name}.client.log"
+            )
+        )
     except BaseException as e:  # noqa: BLE001 - a failed system must still be stopped and reported
         entry["error"] = f"{type(e).__name__}: {e}"
         print(f"  FAILED: {entry['error']}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -137,8 +173,11 @@ def run_system(name: str, port: int, model: Model, w: Workload, args, capacity: 
         stop = system.stop()
         entry["stop"] = systems.stop_report_dict(stop)
         entry["processes"] = system.processes()
-        print(f"  stopped in {stop.stop_s} s: clean={stop.clean} killed={stop.killed} "
-              f"leftover={stop.leftover} port_free={stop.port_free}", flush=True)  # fmt: skip
+        print(
+            f"  stopped in {stop.stop_s} s: clean={stop.clean} killed={stop.killed} "
+            f"leftover={stop.leftover} port_free={stop.port_free}",
+            flush=True,
+        )
     return entry
 
 
@@ -153,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     t0 = time.monotonic()
     w = workload(args)
-    out_dir = args.out_dir or (Path("/tmp/llmserve-peers-smoke") if args.smoke
-                               else ROOT / "bench" / "results")  # fmt: skip
+    out_dir = args.out_dir or (
+        Path("/tmp/llmserve-peers-smoke") if args.smoke else ROOT / "bench" / "results"
+    )
     now = dt.datetime.now()
     stamp = now.strftime("%Y-%m-%d-%H%M%S")
     work_dir = out_dir / "peers-logs" / stamp
@@ -162,29 +202,44 @@ def main(argv: list[str] | None = None) -> int:
     # llmserve first: its capacity sets the open-loop loads of every system.
     order = sorted(args.systems, key=SYSTEMS.index)
     capacity: dict[str, Any] = {
-        "rps": args.capacity_rps, "reference": None,
+        "rps": args.capacity_rps,
+        "reference": None,
         "definition": "given on the command line (--capacity-rps).",
-    }  # fmt: skip
+    }
     results: dict[str, Any] = {
-        "schema": 1, "mode": "smoke" if args.smoke else "full",
+        "schema": 1,
+        "mode": "smoke" if args.smoke else "full",
         "date": now.isoformat(timespec="seconds"),
-        "machine": machine.machine_info(), "versions": machine.versions(),
+        "machine": machine.machine_info(),
+        "versions": machine.versions(),
         "load_average_start": machine.load_average(),
-        "model": {"name": model.name, "path": str(model.path), "engine_args": model.engine_args,
-                  "kv_cache_space_gib": model.kv_cache_space_gib},
-        "workload": w.to_dict(), "scenarios": args.scenarios, "capacity": capacity,
-        "logs": str(work_dir), "systems": {},
-    }  # fmt: skip
-    print(f"peers benchmark ({results['mode']}): {', '.join(order)}; model {model.name}; "
-          f"logs in {work_dir}", flush=True)  # fmt: skip
+        "model": {
+            "name": model.name,
+            "path": str(model.path),
+            "engine_args": model.engine_args,
+            "kv_cache_space_gib": model.kv_cache_space_gib,
+        },
+        "workload": w.to_dict(),
+        "scenarios": args.scenarios,
+        "capacity": capacity,
+        "logs": str(work_dir),
+        "systems": {},
+    }
+    print(
+        f"peers benchmark ({results['mode']}): {', '.join(order)}; model {model.name}; "
+        f"logs in {work_dir}",
+        flush=True,
+    )
     # The client (vllm.benchmarks.serve) takes many seconds to import: do it while the first
     # system starts rather than after.
-    threading.Thread(target=importlib.import_module, args=("vllm.benchmarks.serve",),
-                     daemon=True).start()  # fmt: skip
+    threading.Thread(
+        target=importlib.import_module, args=("vllm.benchmarks.serve",), daemon=True
+    ).start()
     try:
         for name in order:
-            results["systems"][name] = run_system(name, args.port_base + SYSTEMS.index(name),
-                                                  model, w, args, capacity, work_dir)  # fmt: skip
+            results["systems"][name] = run_system(
+                name, args.port_base + SYSTEMS.index(name), model, w, args, capacity, work_dir
+            )
     finally:
         results["load_average_end"] = machine.load_average()
         results["wall_s"] = round(time.monotonic() - t0, 1)
@@ -195,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.update_readme()  # the README's figures, from these results
         print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
         print(f"total {results['wall_s'] / 60:.1f} min")
-    failed = [n for n, e in results["systems"].items()
-              if e["error"] or not e["stop"]["clean"]]  # fmt: skip
+    failed = [n for n, e in results["systems"].items() if e["error"] or not e["stop"]["clean"]]
     if failed:
         print(f"FAILED or not stopped cleanly: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -53,24 +53,59 @@ def status_of(error: str) -> int:
     return _STATUS_BY_PHRASE.get(error.strip(), 0)
 
 
-def bench_args(base_url: str, model: Model, w: Workload, *, num_prompts: int,
-               max_concurrency: int | None = None, request_rate: float | None = None,
-               output_len: int | None = None, seed: int | None = None,
-               api_key: str | None = None) -> argparse.Namespace:  # fmt: skip
+def bench_args(
+    base_url: str,
+    model: Model,
+    w: Workload,
+    *,
+    num_prompts: int,
+    max_concurrency: int | None = None,
+    request_rate: float | None = None,
+    output_len: int | None = None,
+    seed: int | None = None,
+    api_key: str | None = None,
+) -> argparse.Namespace:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     argv = [
-        "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-        "--model", model.name, "--served-model-name", model.name, "--tokenizer", str(model.path),
-        "--dataset-name", "random", "--random-input-len", str(w.input_len),
-        "--random-output-len", str(output_len or w.output_len), "--ignore-eos",
-        "--num-prompts", str(num_prompts), "--seed", str(w.seed if seed is None else seed),
-        "--temperature", "0", "--disable-tqdm", "--ready-check-timeout-sec", "0",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--goodput", f"ttft:{w.ttft_slo_ms:g}", f"tpot:{w.tpot_slo_ms:g}",
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model.name,
+        "--served-model-name",
+        model.name,
+        "--tokenizer",
+        str(model.path),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(w.input_len),
+        "--random-output-len",
+        str(output_len or w.output_len),
+        "--ignore-eos",
+        "--num-prompts",
+        str(num_prompts),
+        "--seed",
+        str(w.seed if seed is None else seed),
+        "--temperature",
+        "0",
+        "--disable-tqdm",
+        "--ready-check-timeout-sec",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--goodput",
+        f"ttft:{w.ttft_slo_ms:g}",
+        f"tpot:{w.tpot_slo_ms:g}",
         "--save-detailed",  # keeps per-request lists in the returned dict (nothing is written)
-    ]  # fmt: skip
+    ]
     if max_concurrency:
         argv += ["--max-concurrency", str(max_concurrency)]
     if request_rate:
@@ -92,9 +127,13 @@ async def run_bench(args: argparse.Namespace, log_path: Path) -> tuple[dict[str,
         result = await main_async(args)
     reqs = [
         Req(status_of(err), start, ttft if not err else None, lat if not err else None, n)
-        for err, start, ttft, lat, n in zip(result["errors"], result["start_times"],
-                                            result["ttfts"], result["latencies"],
-                                            result["output_lens"])  # fmt: skip
+        for err, start, ttft, lat, n in zip(
+            result["errors"],
+            result["start_times"],
+            result["ttfts"],
+            result["latencies"],
+            result["output_lens"],
+        )
     ]
     aggregates = {k: v for k, v in result.items() if not isinstance(v, list)}
     return aggregates, reqs
@@ -105,19 +144,20 @@ def samples(model: Model, w: Workload, num: int, output_len: int, seed: int):
     from vllm.benchmarks.datasets import get_samples
     from vllm.tokenizers import get_tokenizer
 
-    args = bench_args("http://unused", model, w, num_prompts=num, output_len=output_len,
-                      seed=seed)  # fmt: skip
+    args = bench_args("http://unused", model, w, num_prompts=num, output_len=output_len, seed=seed)
     return get_samples(args, get_tokenizer(str(model.path)))
 
 
 def client_session() -> aiohttp.ClientSession:
     # As in vllm.benchmarks.serve: no connection limit, a timeout far beyond any run.
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=6 * 3600))  # fmt: skip
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=6 * 3600)
+    )
 
 
-async def stream_request(session: aiohttp.ClientSession, base_url: str, model: Model,
-                         sample, api_key: str) -> Req:  # fmt: skip
+async def stream_request(
+    session: aiohttp.ClientSession, base_url: str, model: Model, sample, api_key: str
+) -> Req:
     from vllm.benchmarks.lib.endpoint_request_func import (
         RequestFuncInput,
         async_request_openai_completions,
@@ -125,16 +165,25 @@ async def stream_request(session: aiohttp.ClientSession, base_url: str, model: M
 
     out = await async_request_openai_completions(
         RequestFuncInput(
-            prompt=sample.prompt, api_url=base_url + "/v1/completions",
-            prompt_len=sample.prompt_len, output_len=sample.expected_output_len,
-            model=model.name, model_name=model.name, ignore_eos=True,
+            prompt=sample.prompt,
+            api_url=base_url + "/v1/completions",
+            prompt_len=sample.prompt_len,
+            output_len=sample.expected_output_len,
+            model=model.name,
+            model_name=model.name,
+            ignore_eos=True,
             extra_headers={"Authorization": f"Bearer {api_key}"},
             extra_body={"temperature": 0},
         ),
         session,
-    )  # fmt: skip
+    )
     status = status_of(out.error) if not out.success else 200
     if not out.success and status == 200:
         status = 0
-    return Req(status, out.start_time, out.ttft if out.success else None,
-               out.latency if out.success else None, out.output_tokens or 0)  # fmt: skip
+    return Req(
+        status,
+        out.start_time,
+        out.ttft if out.success else None,
+        out.latency if out.success else None,
+        out.output_tokens or 0,
+    )

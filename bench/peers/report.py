@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.peers.spec import BASELINE
 
@@ -47,8 +48,11 @@ class Row:
 def markdown(results: dict[str, Any]) -> str:
     sections = [_header, _systems_section, _sweep_section, _open_loop_section, _mixed_section]
     lines = [line for section in sections for line in section(results)]
-    lines += [f"Total run time {results.get('wall_s', 0) / 60:.1f} min. Plots: "
-              "`peers_latest_throughput.png`, `peers_latest_latency.png`.", ""]  # fmt: skip
+    lines += [
+        f"Total run time {results.get('wall_s', 0) / 60:.1f} min. Plots: "
+        "`peers_latest_throughput.png`, `peers_latest_latency.png`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -56,7 +60,8 @@ def _header(r: dict[str, Any]) -> list[str]:
     w, m, v, model = r["workload"], r["machine"], r["versions"], r["model"]
     dirty = " (dirty)" if v["git_dirty"] else ""
     return [
-        f"# Benchmarks against peers ({r['mode']} run, {r['date']})", "",
+        f"# Benchmarks against peers ({r['mode']} run, {r['date']})",
+        "",
         f"Machine: {m['cpu_model']}, {m['physical_cores']} cores ({m['logical_cpus']} logical), "
         f"{m['ram_gib']} GiB RAM, no GPU; load average at start {r['load_average_start']}, "
         f"at end {r.get('load_average_end')}.",
@@ -68,8 +73,9 @@ def _header(r: dict[str, Any]) -> list[str]:
         f"Requests: random tokens, {w['input_len']} in / {w['output_len']} out, ignore_eos, "
         f"greedy, seed {w['seed']}; {w['num_warmups']} warm-up requests per system excluded. "
         "Client: `vllm.benchmarks.serve` (streaming `/v1/completions`). Ratios: system / bare "
-        "vLLM in this run (for latencies, above 1 is slower).", "",
-    ]  # fmt: skip
+        "vLLM in this run (for latencies, above 1 is slower).",
+        "",
+    ]
 
 
 def _systems_section(r: dict[str, Any]) -> list[str]:
@@ -87,20 +93,26 @@ def _systems_section(r: dict[str, Any]) -> list[str]:
 def _sweep_section(r: dict[str, Any]) -> list[str]:
     rows = []
     for c in r["workload"]["concurrencies"]:
+
         def get(field, c=c):
             return lambda s: _lookup(r, s, "sweep", "concurrency", c, field)
 
         lead = str(c)
-        rows += [Row([lead, "requests/s"], get("request_throughput")),
-                 Row([lead, "output tokens/s"], get("output_throughput")),
-                 Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
-                 Row([lead, "TTFT p99 (ms)"], get("ttft_p99_ms")),
-                 Row([lead, "TPOT p50 (ms)"], get("tpot_p50_ms")),
-                 Row([lead, "TPOT p99 (ms)"], get("tpot_p99_ms")),
-                 Row([lead, "not completed"], lambda s, c=c: _not_completed(r, s, c),
-                     ratio=False)]  # fmt: skip
-    return ["## (a) Concurrency sweep (closed loop)", "",
-            *_table(r, ["concurrency", "metric"], rows), ""]  # fmt: skip
+        rows += [
+            Row([lead, "requests/s"], get("request_throughput")),
+            Row([lead, "output tokens/s"], get("output_throughput")),
+            Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
+            Row([lead, "TTFT p99 (ms)"], get("ttft_p99_ms")),
+            Row([lead, "TPOT p50 (ms)"], get("tpot_p50_ms")),
+            Row([lead, "TPOT p99 (ms)"], get("tpot_p99_ms")),
+            Row([lead, "not completed"], lambda s, c=c: _not_completed(r, s, c), ratio=False),
+        ]
+    return [
+        "## (a) Concurrency sweep (closed loop)",
+        "",
+        *_table(r, ["concurrency", "metric"], rows),
+        "",
+    ]
 
 
 def _open_loop_section(r: dict[str, Any]) -> list[str]:
@@ -109,25 +121,31 @@ def _open_loop_section(r: dict[str, Any]) -> list[str]:
         return []
     rows = []
     for x in w["loads_x_capacity"]:
+
         def get(field, x=x):
             return lambda s: _lookup(r, s, "open_loop", "load_x_capacity", x, field)
 
         lead = f"{x:g}x ({x * cap['rps']:.2f}/s)"
-        rows += [Row([lead, "goodput (req/s)"], get("goodput_rps")),
-                 Row([lead, "good share"], get("good_share"), "%"),
-                 Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
-                 Row([lead, "TTFT p99 of completed (ms)"], get("ttft_p99_ms")),
-                 Row([lead, "refused (429/503)"], get("refused_share"), "%"),
-                 Row([lead, "errors"], get("error_share"), "%")]  # fmt: skip
+        rows += [
+            Row([lead, "goodput (req/s)"], get("goodput_rps")),
+            Row([lead, "good share"], get("good_share"), "%"),
+            Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
+            Row([lead, "TTFT p99 of completed (ms)"], get("ttft_p99_ms")),
+            Row([lead, "refused (429/503)"], get("refused_share"), "%"),
+            Row([lead, "errors"], get("error_share"), "%"),
+        ]
     return [
-        "## (b) Open-loop Poisson load", "",
+        "## (b) Open-loop Poisson load",
+        "",
         f"Capacity {cap['rps']:.3g} requests/s: {cap['definition']} Every system gets the same "
         f"offered rates. Goodput: completed requests with TTFT <= {w['ttft_slo_ms']:g} ms and "
         f"TPOT <= {w['tpot_slo_ms']:g} ms, per second from the first request sent to the last "
         "one finished (vLLM's `--goodput`); good share: the same count over all requests "
-        "offered. Refused: 429/503.", "",
-        *_table(r, ["offered load", "metric"], rows), "",
-    ]  # fmt: skip
+        "offered. Refused: 429/503.",
+        "",
+        *_table(r, ["offered load", "metric"], rows),
+        "",
+    ]
 
 
 def _mixed_section(r: dict[str, Any]) -> list[str]:
@@ -139,30 +157,37 @@ def _mixed_section(r: dict[str, Any]) -> list[str]:
     def get(cls, field):
         return lambda s: ((r["systems"][s].get("mixed") or {}).get(cls) or {}).get(field)
 
-    rows = [Row(["interactive", "TTFT p50 (ms)"], get("interactive", "ttft_p50_ms")),
-            Row(["interactive", "TTFT p99 (ms)"], get("interactive", "ttft_p99_ms")),
-            Row(["interactive", "completed"], get("interactive", "completed"), ratio=False),
-            Row(["interactive", "refused"], get("interactive", "refused_share"), "%"),
-            Row(["batch", "TTFT p50 (ms)"], get("batch", "ttft_p50_ms")),
-            Row(["batch", "TTFT p99 (ms)"], get("batch", "ttft_p99_ms")),
-            Row(["batch", "output tokens/s"], get("batch", "output_throughput")),
-            Row(["batch", "refused"], get("batch", "refused_share"), "%")]  # fmt: skip
+    rows = [
+        Row(["interactive", "TTFT p50 (ms)"], get("interactive", "ttft_p50_ms")),
+        Row(["interactive", "TTFT p99 (ms)"], get("interactive", "ttft_p99_ms")),
+        Row(["interactive", "completed"], get("interactive", "completed"), ratio=False),
+        Row(["interactive", "refused"], get("interactive", "refused_share"), "%"),
+        Row(["batch", "TTFT p50 (ms)"], get("batch", "ttft_p50_ms")),
+        Row(["batch", "TTFT p99 (ms)"], get("batch", "ttft_p99_ms")),
+        Row(["batch", "output tokens/s"], get("batch", "output_throughput")),
+        Row(["batch", "refused"], get("batch", "refused_share"), "%"),
+    ]
     return [
-        "## (c) Interactive and batch at saturation", "",
+        "## (c) Interactive and batch at saturation",
+        "",
         f"{mx['batch_clients']} batch clients in a closed loop ({w['output_len']} tokens each) "
         "keep more requests outstanding than the engine runs at once; once their first wave is "
         f"through, interactive requests ({w['mixed_interactive_output_len']} tokens) arrive at "
         f"{mx['interactive_rps']:g}/s for {w['mixed_window_s']:g} s. Batch figures: requests "
         "sent in that window. llmserve knows the classes from the tenants' API keys (priority "
-        "interactive / batch); the peers get the same requests and cannot tell them apart.", "",
-        *_table(r, ["class", "metric"], rows), "",
-    ]  # fmt: skip
+        "interactive / batch); the peers get the same requests and cannot tell them apart.",
+        "",
+        *_table(r, ["class", "metric"], rows),
+        "",
+    ]
 
 
 def _table(results: dict[str, Any], head: list[str], rows: list[Row]) -> list[str]:
     systems = _systems(results)
-    lines = ["| " + " | ".join(head + [LABELS.get(s, s) for s in systems]) + " |",
-             "|" + "---|" * (len(head) + len(systems))]  # fmt: skip
+    lines = [
+        "| " + " | ".join(head + [LABELS.get(s, s) for s in systems]) + " |",
+        "|" + "---|" * (len(head) + len(systems)),
+    ]
     for row in rows:
         base = row.get(BASELINE) if BASELINE in systems else None
         cells = [_cell(row.get(s), base, row.unit, row.ratio and s != BASELINE) for s in systems]
@@ -241,8 +266,10 @@ def plot_throughput(results: dict[str, Any], path: Path) -> None:
         c = [row["concurrency"] for row in rows]
         ax1.plot(c, [row["output_throughput"] for row in rows], marker="o", label=LABELS.get(s, s))
         ax2.plot(c, [row["ttft_p50_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
-    for ax, title, ylabel in ((ax1, "Throughput vs concurrency", "output tokens/s"),
-                              (ax2, "TTFT p50 vs concurrency", "ms")):  # fmt: skip
+    for ax, title, ylabel in (
+        (ax1, "Throughput vs concurrency", "output tokens/s"),
+        (ax2, "TTFT p50 vs concurrency", "ms"),
+    ):
         _style(ax, title, "concurrent requests (closed loop)", ylabel)
         _log2_ticks(ax, results["workload"]["concurrencies"], "{:g}")
     ax2.set_yscale("log")
@@ -259,8 +286,10 @@ def plot_latency(results: dict[str, Any], path: Path) -> None:
         ax1.plot(x, [row["ttft_p99_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
         ax2.plot(x, [row["goodput_rps"] for row in rows], marker="o", label=LABELS.get(s, s))
     ax1.axhline(w["ttft_slo_ms"], color="grey", linestyle="--", linewidth=1, label="TTFT target")
-    for ax, title, ylabel in ((ax1, "TTFT p99 of completed requests vs load", "ms"),
-                              (ax2, "Goodput vs load", "requests/s within targets")):  # fmt: skip
+    for ax, title, ylabel in (
+        (ax1, "TTFT p99 of completed requests vs load", "ms"),
+        (ax2, "Goodput vs load", "requests/s within targets"),
+    ):
         _style(ax, title, "offered load (x capacity, Poisson)", ylabel)
         _log2_ticks(ax, w["loads_x_capacity"], "{:g}x")
     ax1.set_yscale("log")
@@ -285,9 +314,12 @@ def _log2_ticks(ax, values: list[float], fmt: str) -> None:
 
 def _save(plt, fig, results: dict[str, Any], path: Path) -> None:
     m, w = results["machine"], results["workload"]
-    fig.suptitle(f"{results['model']['name']}, {w['input_len']} in / {w['output_len']} out; "
-                 f"{m['cpu_model']}, {m['physical_cores']} cores; {results['date']} "
-                 f"({results['mode']})", fontsize=8)  # fmt: skip
+    fig.suptitle(
+        f"{results['model']['name']}, {w['input_len']} in / {w['output_len']} out; "
+        f"{m['cpu_model']}, {m['physical_cores']} cores; {results['date']} "
+        f"({results['mode']})",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

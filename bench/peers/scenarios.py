@@ -37,8 +37,12 @@ def latency_summary(reqs: list[Req]) -> dict[str, Any]:
     ok = [r for r in reqs if r.ok]
     ttft = [r.ttft_s for r in ok]
     tpot = [r.tpot_s for r in ok if r.tpot_s is not None]
-    return {"ttft_p50_ms": pct_ms(ttft, 50), "ttft_p99_ms": pct_ms(ttft, 99),
-            "tpot_p50_ms": pct_ms(tpot, 50), "tpot_p99_ms": pct_ms(tpot, 99)}  # fmt: skip
+    return {
+        "ttft_p50_ms": pct_ms(ttft, 50),
+        "ttft_p99_ms": pct_ms(ttft, 99),
+        "tpot_p50_ms": pct_ms(tpot, 50),
+        "tpot_p99_ms": pct_ms(tpot, 99),
+    }
 
 
 def outcome_counts(reqs: list[Req]) -> dict[str, Any]:
@@ -46,38 +50,65 @@ def outcome_counts(reqs: list[Req]) -> dict[str, Any]:
     n = max(1, len(reqs))
     refused = sum(statuses[s] for s in REFUSED)
     failed = len(reqs) - statuses[200] - refused
-    return {"requests": len(reqs), "completed": statuses[200],
-            "refused_share": round(refused / n, 4), "error_share": round(failed / n, 4),
-            "status_counts": {str(k): v for k, v in sorted(statuses.items())}}  # fmt: skip
+    return {
+        "requests": len(reqs),
+        "completed": statuses[200],
+        "refused_share": round(refused / n, 4),
+        "error_share": round(failed / n, 4),
+        "status_counts": {str(k): v for k, v in sorted(statuses.items())},
+    }
 
 
 async def warm_up(base_url: str, model: Model, w: Workload, log: Path) -> None:
     """Requests whose figures are thrown away: the first ones pay one-off costs."""
     if w.num_warmups:
-        await run_bench(bench_args(base_url, model, w, num_prompts=w.num_warmups,
-                                   max_concurrency=4, seed=w.seed + 999,
-                                   api_key=TENANTS.standard), log)  # fmt: skip
+        await run_bench(
+            bench_args(
+                base_url,
+                model,
+                w,
+                num_prompts=w.num_warmups,
+                max_concurrency=4,
+                seed=w.seed + 999,
+                api_key=TENANTS.standard,
+            ),
+            log,
+        )
 
 
 async def sweep(base_url: str, model: Model, w: Workload, log: Path) -> list[dict[str, Any]]:
     rows = []
     for c in w.concurrencies:
-        args = bench_args(base_url, model, w, num_prompts=w.prompts_at(c), max_concurrency=c,
-                          api_key=TENANTS.standard)  # fmt: skip
+        args = bench_args(
+            base_url,
+            model,
+            w,
+            num_prompts=w.prompts_at(c),
+            max_concurrency=c,
+            api_key=TENANTS.standard,
+        )
         agg, reqs = await run_bench(args, log)
-        rows.append({
-            "concurrency": c,
-            **outcome_counts(reqs),
-            "duration_s": round(agg["duration"], 2),
-            "request_throughput": round(agg["request_throughput"], 3),
-            "output_throughput": round(agg["output_throughput"], 1),
-            # vLLM's own percentiles (numpy, linear), over the completed requests
-            **{f"{m}_{q}_ms": round(agg[f"{q}_{m}_ms"], 1)
-               for m in ("ttft", "tpot") for q in ("p50", "p99")},
-        })  # fmt: skip
-        print(f"    sweep c={c}: {rows[-1]['request_throughput']} req/s, "
-              f"{rows[-1]['output_throughput']} tok/s, TTFT p50 {rows[-1]['ttft_p50_ms']} ms, "
-              f"failed {rows[-1]['requests'] - rows[-1]['completed']}", flush=True)  # fmt: skip
+        rows.append(
+            {
+                "concurrency": c,
+                **outcome_counts(reqs),
+                "duration_s": round(agg["duration"], 2),
+                "request_throughput": round(agg["request_throughput"], 3),
+                "output_throughput": round(agg["output_throughput"], 1),
+                # vLLM's own percentiles (numpy, linear), over the completed requests
+                **{
+                    f"{m}_{q}_ms": round(agg[f"{q}_{m}_ms"], 1)
+                    for m in ("ttft", "tpot")
+                    for q in ("p50", "p99")
+                },
+            }
+        )
+        print(
+            f"    sweep c={c}: {rows[-1]['request_throughput']} req/s, "
+            f"{rows[-1]['output_throughput']} tok/s, TTFT p50 {rows[-1]['ttft_p50_ms']} ms, "
+            f"failed {rows[-1]['requests'] - rows[-1]['completed']}",
+            flush=True,
+        )
     return rows
 
 
@@ -88,36 +119,56 @@ def capacity_rps(sweep_rows: list[dict[str, Any]]) -> float:
     return max(r["request_throughput"] for r in sweep_rows)
 
 
-async def open_loop(base_url: str, model: Model, w: Workload, capacity: float,
-                    log: Path) -> list[dict[str, Any]]:  # fmt: skip
+async def open_loop(
+    base_url: str, model: Model, w: Workload, capacity: float, log: Path
+) -> list[dict[str, Any]]:
     rows = []
     for k, multiple in enumerate(w.loads_x_capacity):
         rate = multiple * capacity
         n = max(4, round(rate * w.open_loop_window_s))
         n = min(n, w.max_open_loop_requests or n)
-        args = bench_args(base_url, model, w, num_prompts=n, request_rate=rate,
-                          seed=w.seed + 100 + k, api_key=TENANTS.standard)  # fmt: skip
+        args = bench_args(
+            base_url,
+            model,
+            w,
+            num_prompts=n,
+            request_rate=rate,
+            seed=w.seed + 100 + k,
+            api_key=TENANTS.standard,
+        )
         agg, reqs = await run_bench(args, log)
-        good = sum(1 for r in reqs if r.ok and r.ttft_s * 1000 <= w.ttft_slo_ms
-                   and (r.tpot_s is None or r.tpot_s * 1000 <= w.tpot_slo_ms))  # fmt: skip
-        rows.append({
-            "load_x_capacity": multiple, "offered_rps": round(rate, 3),
-            **outcome_counts(reqs),
-            "duration_s": round(agg["duration"], 2),
-            # vLLM's goodput: requests meeting both targets / (first send .. last completion)
-            "goodput_rps": round(agg["request_goodput"], 3),
-            "good_share": round(good / len(reqs), 4),
-            **latency_summary(reqs),
-        })  # fmt: skip
+        good = sum(
+            1
+            for r in reqs
+            if r.ok
+            and r.ttft_s * 1000 <= w.ttft_slo_ms
+            and (r.tpot_s is None or r.tpot_s * 1000 <= w.tpot_slo_ms)
+        )
+        rows.append(
+            {
+                "load_x_capacity": multiple,
+                "offered_rps": round(rate, 3),
+                **outcome_counts(reqs),
+                "duration_s": round(agg["duration"], 2),
+                # vLLM's goodput: requests meeting both targets / (first send .. last completion)
+                "goodput_rps": round(agg["request_goodput"], 3),
+                "good_share": round(good / len(reqs), 4),
+                **latency_summary(reqs),
+            }
+        )
         r = rows[-1]
-        print(f"    open loop {multiple:g}x ({rate:.2f} req/s): goodput {r['goodput_rps']} req/s, "
-              f"TTFT p99 {r['ttft_p99_ms']} ms, refused {r['refused_share']:.0%}, "
-              f"errors {r['error_share']:.0%}", flush=True)  # fmt: skip
+        print(
+            f"    open loop {multiple:g}x ({rate:.2f} req/s): goodput {r['goodput_rps']} req/s, "
+            f"TTFT p99 {r['ttft_p99_ms']} ms, refused {r['refused_share']:.0%}, "
+            f"errors {r['error_share']:.0%}",
+            flush=True,
+        )
     return rows
 
 
-async def mixed(base_url: str, model: Model, w: Workload, capacity: float,
-                max_num_seqs: int) -> dict[str, Any]:  # fmt: skip
+async def mixed(
+    base_url: str, model: Model, w: Workload, capacity: float, max_num_seqs: int
+) -> dict[str, Any]:
     """Batch: a closed loop of 1.5x the engine's max_num_seqs clients (so requests wait for a
     slot), started first and kept running; once its first wave is through, interactive
     requests arrive (Poisson, a quarter of the capacity) over `mixed_window_s`. Only batch
@@ -134,8 +185,9 @@ async def mixed(base_url: str, model: Model, w: Workload, capacity: float,
         arrivals.append(t)
     arrivals = arrivals or [w.mixed_window_s / 2]
     batch_prompts = samples(model, w, 4 * num_batch, w.output_len, seed=w.seed + 7)
-    inter_prompts = samples(model, w, len(arrivals), w.mixed_interactive_output_len,
-                            seed=w.seed + 8)  # fmt: skip
+    inter_prompts = samples(
+        model, w, len(arrivals), w.mixed_interactive_output_len, seed=w.seed + 8
+    )
     batch: list[Req] = []
     stop = asyncio.Event()
     # Steady state first: the batch clients all start at once, so wait until the first wave
@@ -143,6 +195,7 @@ async def mixed(base_url: str, model: Model, w: Workload, capacity: float,
     settled = asyncio.Event()
 
     async with client_session() as session:
+
         async def batch_client(k: int) -> None:
             i = k
             while not stop.is_set():
@@ -174,14 +227,23 @@ async def mixed(base_url: str, model: Model, w: Workload, capacity: float,
     in_window = [r for r in batch if t0 <= r.start_s <= t_end]
     window_s = t_end - t0
     out = {
-        "batch_clients": num_batch, "interactive_rps": round(rate, 3),
-        "settle_s": round(t0 - t_start, 1), "window_s": round(window_s, 1),
+        "batch_clients": num_batch,
+        "interactive_rps": round(rate, 3),
+        "settle_s": round(t0 - t_start, 1),
+        "window_s": round(window_s, 1),
         "interactive": {**outcome_counts(inter), **latency_summary(inter)},
-        "batch": {**outcome_counts(in_window), **latency_summary(in_window),
-                  "output_throughput": round(sum(r.output_tokens for r in in_window if r.ok)
-                                             / window_s, 1)},
-    }  # fmt: skip
+        "batch": {
+            **outcome_counts(in_window),
+            **latency_summary(in_window),
+            "output_throughput": round(
+                sum(r.output_tokens for r in in_window if r.ok) / window_s, 1
+            ),
+        },
+    }
     i, b = out["interactive"], out["batch"]
-    print(f"    mixed: interactive TTFT p50 {i['ttft_p50_ms']} ms (n={i['completed']}), "
-          f"batch TTFT p50 {b['ttft_p50_ms']} ms (n={b['completed']})", flush=True)  # fmt: skip
+    print(
+        f"    mixed: interactive TTFT p50 {i['ttft_p50_ms']} ms (n={i['completed']}), "
+        f"batch TTFT p50 {b['ttft_p50_ms']} ms (n={b['completed']})",
+        flush=True,
+    )
     return out

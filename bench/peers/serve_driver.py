@@ -85,8 +85,13 @@ def main() -> None:
     from ray import serve
 
     t0 = time.monotonic()
-    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False,
-             log_to_driver=False, _temp_dir=args.ray_temp_dir)  # fmt: skip
+    ray.init(
+        address="local",
+        num_cpus=RAY_NUM_CPUS,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=args.ray_temp_dir,
+    )
     # ray.init installs a SIGTERM handler that logs and kills the process on the spot, which
     # would skip serve.shutdown() below; ours again.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -117,8 +122,11 @@ def reap(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
     gone too; they have nothing left to do."""
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     if alive:
-        print("serve_driver: ending processes that outlived ray.shutdown(): "
-              + ", ".join(f"{p.pid}:{_name(p)}" for p in alive), flush=True)  # fmt: skip
+        print(
+            "serve_driver: ending processes that outlived ray.shutdown(): "
+            + ", ".join(f"{p.pid}:{_name(p)}" for p in alive),
+            flush=True,
+        )
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()

@@ -72,12 +72,20 @@ class Workload:
 FULL = Workload()
 # CI: every stage runs, with few requests, so that a system's start and stop dominate.
 SMOKE = Workload(
-    input_len=32, output_len=16, num_warmups=2, concurrencies=(1, 4),
-    prompts_per_concurrency=1, min_prompts=4, loads_x_capacity=(1.0, 4.0),
-    open_loop_window_s=3.0, max_open_loop_requests=24, mixed_window_s=4.0,
-    mixed_settle_max_s=10.0, mixed_batch_concurrency_x_seqs=1.0,
+    input_len=32,
+    output_len=16,
+    num_warmups=2,
+    concurrencies=(1, 4),
+    prompts_per_concurrency=1,
+    min_prompts=4,
+    loads_x_capacity=(1.0, 4.0),
+    open_loop_window_s=3.0,
+    max_open_loop_requests=24,
+    mixed_window_s=4.0,
+    mixed_settle_max_s=10.0,
+    mixed_batch_concurrency_x_seqs=1.0,
     mixed_interactive_output_len=8,
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -115,21 +123,31 @@ def platform_app_args(config_path: Path, model: Model) -> dict[str, Any]:
     unlimited = {"default_timeout_s": 600, "max_timeout_s": 600}
     tenants = [t for t in args.get("tenants", []) if not t["name"].startswith("bench-")]
     tenants += [
-        {"name": "bench-standard", "api_keys": [TENANTS.standard], "priority": "standard",
-         **unlimited},
-        {"name": "bench-interactive", "api_keys": [TENANTS.interactive],
-         "priority": "interactive", **unlimited},
+        {
+            "name": "bench-standard",
+            "api_keys": [TENANTS.standard],
+            "priority": "standard",
+            **unlimited,
+        },
+        {
+            "name": "bench-interactive",
+            "api_keys": [TENANTS.interactive],
+            "priority": "interactive",
+            **unlimited,
+        },
         {"name": "bench-batch", "api_keys": [TENANTS.batch], "priority": "batch", **unlimited},
-    ]  # fmt: skip
+    ]
     out = {**args, "models": [entry], "tenants": tenants}
     AppConfig.model_validate(out)  # fail here, not inside a replica
     return out
 
 
 def resolve_model(
-    config_path: Path, model_dir: Path | None = None, model_name: str | None = None,
+    config_path: Path,
+    model_dir: Path | None = None,
+    model_name: str | None = None,
     max_model_len: int | None = None,
-) -> Model:  # fmt: skip
+) -> Model:
     """The config's default model (prepared into the model cache if needed), or another local
     folder under the same engine args (the smoke test's tiny model)."""
     from serve_app import model_source
@@ -151,4 +169,3 @@ def resolve_model(
 
 def with_overrides(w: Workload, **kw: Any) -> Workload:
     return replace(w, **{k: v for k, v in kw.items() if v is not None})
-

@@ -88,9 +88,13 @@ class System:
         self.started_at = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: signals meant for us skip it
-            )  # fmt: skip
+            )
         self.track()
 
     def track(self) -> None:
@@ -116,8 +120,10 @@ class System:
         with httpx.Client(base_url=self.base_url, timeout=30, headers=headers) as client:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
-                    raise SystemExited(f"{self.name} exited with {self._proc.returncode} "
-                                       f"before ready:\n{self.log_tail()}")  # fmt: skip
+                    raise SystemExited(
+                        f"{self.name} exited with {self._proc.returncode} "
+                        f"before ready:\n{self.log_tail()}"
+                    )
                 try:
                     models = client.get("/v1/models")
                     names = {m["id"] for m in models.json().get("data", [])}
@@ -156,8 +162,13 @@ class System:
         psutil.wait_procs(alive, timeout=10)
         leftover = [{"pid": p.pid, "name": p.name()} for p in self._alive()]
         port_free = wait_port_free(self.port, timeout_s=60)  # a slow host frees it late
-        return StopReport(stop_s=round(time.monotonic() - t0, 1), exit_code=exit_code,
-                          killed=killed, leftover=leftover, port_free=port_free)  # fmt: skip
+        return StopReport(
+            stop_s=round(time.monotonic() - t0, 1),
+            exit_code=exit_code,
+            killed=killed,
+            leftover=leftover,
+            port_free=port_free,
+        )
 
     def _alive(self) -> list[psutil.Process]:
         out = []
@@ -172,8 +183,10 @@ class System:
         return out
 
     def processes(self) -> list[dict[str, Any]]:
-        return [{"pid": pid, "create_time": c, "name": n, "nice": nice}
-                for pid, (c, n, nice) in self._seen.items()]  # fmt: skip
+        return [
+            {"pid": pid, "create_time": c, "name": n, "nice": nice}
+            for pid, (c, n, nice) in self._seen.items()
+        ]
 
     def log_tail(self, num_lines: int = 40) -> str:
         try:
@@ -193,9 +206,19 @@ class _ServeDriverSystem(System):
         spec_path.write_text(json.dumps(self.spec(), indent=2, default=str))
         # Short: Ray's socket paths under it must stay below the 107-byte limit of AF_UNIX.
         ray_tmp = f"/tmp/llmserve-peers-{self.port}"
-        argv = [sys.executable, "-m", "bench.peers.serve_driver", "--system", self.name,
-                "--port", str(self.port), "--spec", str(spec_path),
-                "--ray-temp-dir", ray_tmp]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.peers.serve_driver",
+            "--system",
+            self.name,
+            "--port",
+            str(self.port),
+            "--spec",
+            str(spec_path),
+            "--ray-temp-dir",
+            ray_tmp,
+        ]
         return argv, {}
 
 
@@ -210,19 +233,32 @@ class RayServeLLM(_ServeDriverSystem):
     name = "ray-serve-llm"
 
     def spec(self) -> dict[str, Any]:
-        return {"model_name": self.model.name, "model_path": str(self.model.path),
-                "engine_args": self.model.engine_args,
-                "kv_cache_space_gib": self.model.kv_cache_space_gib}  # fmt: skip
+        return {
+            "model_name": self.model.name,
+            "model_path": str(self.model.path),
+            "engine_args": self.model.engine_args,
+            "kv_cache_space_gib": self.model.kv_cache_space_gib,
+        }
 
 
 class BareVLLM(System):
     name = "vllm"
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(self.model.path), "--served-model-name", self.model.name,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                *flags(self.model.engine_args)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model.path),
+            "--served-model-name",
+            self.model.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *flags(self.model.engine_args),
+        ]
         env = {}
         if self.model.kv_cache_space_gib:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.model.kv_cache_space_gib)

@@ -42,12 +42,14 @@ def run(short: bool, port_base: int) -> dict:
             "scale_in": _change(cluster, _app(1), 1, before_s, settle_s),
             "redeploy": _change(cluster, _app(1, max_tokens_default=128), 1, before_s, settle_s),
         }
-    return {"changes": changes, "graceful_shutdown_timeout_s": GRACE_S,
-            "leftover_processes": cluster.leftover}  # fmt: skip
+    return {
+        "changes": changes,
+        "graceful_shutdown_timeout_s": GRACE_S,
+        "leftover_processes": cluster.leftover,
+    }
 
 
-def _change(cluster: ChaosCluster, new_app, target: int, before_s: float,
-            settle_s: float) -> dict:  # fmt: skip
+def _change(cluster: ChaosCluster, new_app, target: int, before_s: float, settle_s: float) -> dict:
     watch = ReplicaWatch(APP)
     load = Load(cluster.url, SIM, num_clients=8, max_tokens=MAX_TOKENS, deadline_s=60)
     with running(watch, load):
@@ -59,9 +61,13 @@ def _change(cluster: ChaosCluster, new_app, target: int, before_s: float,
         t_ready = time.monotonic()
         # Done when the old replicas are all gone and the new set is at its size.
         t_done = watch.wait_for(
-            lambda s: at_capacity(s, LLM_SIM, target, old[LLM_SIM])
-            and at_capacity(s, "Router", 1, old["Router"]), timeout_s=GRACE_S + 60,
-            after=t_change)  # fmt: skip
+            lambda s: (
+                at_capacity(s, LLM_SIM, target, old[LLM_SIM])
+                and at_capacity(s, "Router", 1, old["Router"])
+            ),
+            timeout_s=GRACE_S + 60,
+            after=t_change,
+        )
         time.sleep(settle_s)
         t_stop = time.monotonic()
     during = [s for s in watch.samples if t_change <= s.t <= (t_done or t_stop)]
@@ -80,7 +86,8 @@ def _change(cluster: ChaosCluster, new_app, target: int, before_s: float,
         "finished_on_old_replicas_after_change": len(drained),
         "failed_on_old_replicas": sum(1 for r in drained if not r.ok),
         "last_finish_on_old_after_change_s": round(
-            max((r.end_s for r in drained), default=t_change) - t_change, 2),
+            max((r.end_s for r in drained), default=t_change) - t_change, 2
+        ),
         **summary(results, t0),
         "replaced_replicas": len(stopped),
         # The door: the Router is replaced new-before-old, so at least one always serves.

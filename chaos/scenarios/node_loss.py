@@ -46,19 +46,22 @@ def run(short: bool, port_base: int) -> dict:
         model = sim_model(2, num_cpus=0, resources=SLOT, max_ongoing_requests=SEQS_PER_REPLICA)
         model["engine"]["max_num_seqs"] = SEQS_PER_REPLICA
         serve.run(build_app(app_args([model])), name=APP, route_prefix="/")
-        placement = {"head": len(replicas_below(_raylet_pid(cluster.cluster.head_node), APP,
-                                                LLM_SIM)),
-                     "worker": len(replicas_below(_raylet_pid(worker), APP, LLM_SIM))}  # fmt: skip
+        placement = {
+            "head": len(replicas_below(_raylet_pid(cluster.cluster.head_node), APP, LLM_SIM)),
+            "worker": len(replicas_below(_raylet_pid(worker), APP, LLM_SIM)),
+        }
         assert placement == {"head": 1, "worker": 1}, f"replicas per node: {placement}"
         # Twice what two replicas hold: the Router queues the rest, so replicas never idle.
-        load = Load(cluster.url, SIM, num_clients=4 * SEQS_PER_REPLICA, max_tokens=10,
-                    deadline_s=30)  # fmt: skip
+        load = Load(
+            cluster.url, SIM, num_clients=4 * SEQS_PER_REPLICA, max_tokens=10, deadline_s=30
+        )
         figures = _lose_and_regain(cluster, worker, load, before_s, survivor_s, after_s)
     return {"placement": placement, **figures, "leftover_processes": cluster.leftover}
 
 
-def _lose_and_regain(cluster: ChaosCluster, worker, load: Load, before_s: float,
-                     survivor_s: float, after_s: float) -> dict:  # fmt: skip
+def _lose_and_regain(
+    cluster: ChaosCluster, worker, load: Load, before_s: float, survivor_s: float, after_s: float
+) -> dict:
     watch = ReplicaWatch(APP)
     with running(watch, load):
         t0 = time.monotonic()
@@ -68,11 +71,13 @@ def _lose_and_regain(cluster: ChaosCluster, worker, load: Load, before_s: float,
         t_fault = time.monotonic()
         cluster.remove_worker(worker)
         t_node_dead = _wait(lambda: not _node_alive(worker_id), timeout_s=120)
-        t_noticed = watch.wait_for(lambda s: s.states.get(LLM_SIM, {}).get("RUNNING", 0) < 2,
-                                   120, after=t_fault)  # fmt: skip
+        t_noticed = watch.wait_for(
+            lambda s: s.states.get(LLM_SIM, {}).get("RUNNING", 0) < 2, 120, after=t_fault
+        )
         # The lost replica is the one whose actor Ray declares dead with the node.
-        t_actor_dead = watch.wait_for(lambda s: ids_before - s.ids.get(LLM_SIM, set()), 120,
-                                      after=t_fault)  # fmt: skip
+        t_actor_dead = watch.wait_for(
+            lambda s: ids_before - s.ids.get(LLM_SIM, set()), 120, after=t_fault
+        )
         gone = ids_before - watch.latest().ids.get(LLM_SIM, set())
         time.sleep(survivor_s)  # the survivor alone carries the load
         t_readd = time.monotonic()
@@ -88,8 +93,9 @@ def _lose_and_regain(cluster: ChaosCluster, worker, load: Load, before_s: float,
     return figures | {
         "lost_replicas": sorted(gone),
         # Requests the replica on the returned node served: capacity back, whatever the cores did.
-        "served_by_new_replica": sum(1 for r in results if r.ok and r.replica
-                                     and r.replica not in ids_before),
+        "served_by_new_replica": sum(
+            1 for r in results if r.ok and r.replica and r.replica not in ids_before
+        ),
         "node_declared_dead_s": since(t_node_dead, t_fault),
         "replica_actor_dead_s": since(t_actor_dead, t_fault),
         "replica_back_after_node_added_s": since(t_back, t_readd),

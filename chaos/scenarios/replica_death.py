@@ -47,8 +47,15 @@ def _kill_engine(cluster: ChaosCluster):
     return choose
 
 
-def _under_load(cluster: ChaosCluster, short: bool, fault: Fault, model: str, clients: int,
-                max_tokens: int, recovery_s: float) -> dict:  # fmt: skip
+def _under_load(
+    cluster: ChaosCluster,
+    short: bool,
+    fault: Fault,
+    model: str,
+    clients: int,
+    max_tokens: int,
+    recovery_s: float,
+) -> dict:
     before_s, after_s = (6, 8) if short else (30, 60)
     load = Load(cluster.url, model, clients, max_tokens, deadline_s=30)
     return run_fault(fault, load, APP, before_s, after_s, recovery_s)
@@ -61,8 +68,11 @@ def run_engine(short: bool, port_base: int) -> dict:
         serve.run(build_app(app_args([tiny_model(tiny, 2)])), name=APP, route_prefix="/")
         fault = Fault("engine-kill", LLM_TINY, 2, _kill_engine(cluster))
         # 480 s to recover: on the loaded 2-core CI host a new tiny engine took over 240 s once.
-        figures = {"engine_kill": _under_load(cluster, short, fault, TINY, clients=6,
-                                              max_tokens=64, recovery_s=480)}  # fmt: skip
+        figures = {
+            "engine_kill": _under_load(
+                cluster, short, fault, TINY, clients=6, max_tokens=64, recovery_s=480
+            )
+        }
     return {"faults": figures, "leftover_processes": cluster.leftover}
 
 
@@ -74,6 +84,7 @@ def run_actors(short: bool, port_base: int) -> dict:
         figures = {}
         for key, deployment in (("replica_kill", LLM_SIM), ("router_kill", "Router")):
             fault = Fault(key.replace("_", "-"), deployment, 2, _kill_actor(deployment))
-            figures[key] = _under_load(cluster, short, fault, SIM, clients=8, max_tokens=10,
-                                       recovery_s=120)  # fmt: skip
+            figures[key] = _under_load(
+                cluster, short, fault, SIM, clients=8, max_tokens=10, recovery_s=120
+            )
     return {"faults": figures, "leftover_processes": cluster.leftover}

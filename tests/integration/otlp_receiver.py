@@ -53,16 +53,18 @@ class OtlpReceiver:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    decoded.append({
-                        "name": s.name,
-                        "trace_id": s.trace_id.hex(),
-                        "span_id": s.span_id.hex(),
-                        "parent_id": s.parent_span_id.hex() or None,
-                        "attributes": {a.key: _value(a.value) for a in s.attributes},
-                        "events": [e.name for e in s.events],
-                        "service": resource.get("service.name"),
-                        "process_pid": resource.get("process.pid"),
-                    })  # fmt: skip
+                    decoded.append(
+                        {
+                            "name": s.name,
+                            "trace_id": s.trace_id.hex(),
+                            "span_id": s.span_id.hex(),
+                            "parent_id": s.parent_span_id.hex() or None,
+                            "attributes": {a.key: _value(a.value) for a in s.attributes},
+                            "events": [e.name for e in s.events],
+                            "service": resource.get("service.name"),
+                            "process_pid": resource.get("process.pid"),
+                        }
+                    )
         with self._lock:
             self.spans.extend(decoded)
 

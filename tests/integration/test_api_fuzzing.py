@@ -58,18 +58,29 @@ DEPLOYMENT_LIMITS = {
     "max_completion_tokens": _int(1, 16),
     "min_tokens": _int(0, 1),
     "stop_token_ids": {"anyOf": [{"type": "array", "items": I64}, {"type": "null"}]},
-    "logit_bias": {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^-?[0-9]{1,20}$"},
-                              "additionalProperties": {"type": "number"}}, {"type": "null"}]},
-    "prompt": {"anyOf": [{"type": "string", "minLength": 1},
-                         {"type": "array", "minItems": 1, "maxItems": 64, "items": I64}]},
-}  # fmt: skip
+    "logit_bias": {
+        "anyOf": [
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^-?[0-9]{1,20}$"},
+                "additionalProperties": {"type": "number"},
+            },
+            {"type": "null"},
+        ]
+    },
+    "prompt": {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "maxItems": 64, "items": I64},
+        ]
+    },
+}
 
 
 def request_schema(doc: dict, path: str) -> dict:
     """The (mutable) schema of a route's body in `doc`, following a $ref into components."""
     body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    ref = body.get("$ref") or next((a["$ref"] for a in body.get("anyOf", []) if "$ref" in a),
-                                   None)  # fmt: skip
+    ref = body.get("$ref") or next((a["$ref"] for a in body.get("anyOf", []) if "$ref" in a), None)
     return doc["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else body
 
 
@@ -100,14 +111,26 @@ def client_timeout_s(body) -> float:
     return max(CLIENT_TIMEOUT_S, min(asked, MAX_TIMEOUT_S) + 60)
 
 
-def fuzz(schema, path: str, url: str, mode: GenerationMode, num_examples: int,
-         headers: dict[str, str] | None = None, pause_s: float = 0.0) -> dict[int, int]:  # fmt: skip
+def fuzz(
+    schema,
+    path: str,
+    url: str,
+    mode: GenerationMode,
+    num_examples: int,
+    headers: dict[str, str] | None = None,
+    pause_s: float = 0.0,
+) -> dict[int, int]:
     statuses: dict[int, int] = {}
     strategy = schema[path]["POST"].as_strategy(generation_mode=mode)
 
-    @settings(max_examples=num_examples, deadline=None, database=None, print_blob=True,
-              phases=[Phase.explicit, Phase.generate, Phase.shrink],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=num_examples,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def one(case):
         if isinstance(case.body, dict) and "timeout" not in case.body:
@@ -128,7 +151,7 @@ def fuzz(schema, path: str, url: str, mode: GenerationMode, num_examples: int,
             events = [e for e in r.text.split("\n\n") if e.strip()]
             assert getattr(r, "stream_cut_short", False) or events[-1] == "data: [DONE]", r.text
             for e in events[:-1]:
-                assert e.startswith("data: {") and json.loads(e[len("data: "):]), e
+                assert e.startswith("data: {") and json.loads(e[len("data: ") :]), e
         else:
             assert r.json()["choices"], r.text
         assert r.headers.get("x-request-id") and r.headers.get("traceparent")
@@ -147,18 +170,39 @@ def test_fuzzed_bodies_get_documented_answers(openapi, base_url, http, path):
         # The real engine (tiny random model). Bodies that break the schema must be refused with
         # a 4xx; bodies the schema allows get a documented answer, within this deployment's
         # limits mostly a 200 (vLLM's own checks on sampling parameters answer 400).
-        "tiny negative": fuzz(for_model(openapi, TINY), path, base_url,
-                              GenerationMode.NEGATIVE, 40),
-        "tiny positive": fuzz(for_model(openapi, TINY), path, base_url,
-                              GenerationMode.POSITIVE, 12),
-        "tiny within limits": fuzz(for_model(openapi, TINY, within_limits=True), path, base_url,
-                                   GenerationMode.POSITIVE, 30),
+        "tiny negative": fuzz(
+            for_model(openapi, TINY), path, base_url, GenerationMode.NEGATIVE, 40
+        ),
+        "tiny positive": fuzz(
+            for_model(openapi, TINY), path, base_url, GenerationMode.POSITIVE, 12
+        ),
+        "tiny within limits": fuzz(
+            for_model(openapi, TINY, within_limits=True),
+            path,
+            base_url,
+            GenerationMode.POSITIVE,
+            30,
+        ),
         # Two Router replicas and a key-only tenant (20 requests/s): paced under its rate.
-        "sim negative": fuzz(for_model(openapi, SIM), path, sim_url, GenerationMode.NEGATIVE, 20,
-                             SIM_KEY, pause_s=0.05),
-        "sim within limits": fuzz(for_model(openapi, SIM, within_limits=True), path, sim_url,
-                                  GenerationMode.POSITIVE, 20, SIM_KEY, pause_s=0.05),
-    }  # fmt: skip
+        "sim negative": fuzz(
+            for_model(openapi, SIM),
+            path,
+            sim_url,
+            GenerationMode.NEGATIVE,
+            20,
+            SIM_KEY,
+            pause_s=0.05,
+        ),
+        "sim within limits": fuzz(
+            for_model(openapi, SIM, within_limits=True),
+            path,
+            sim_url,
+            GenerationMode.POSITIVE,
+            20,
+            SIM_KEY,
+            pause_s=0.05,
+        ),
+    }
     models = wait_idle(http)
     print(f"\n{path}: {time.monotonic() - t0:.1f} s; statuses by run: {runs}; afterwards {models}")
     # The bodies within limits reached the engines and were served.

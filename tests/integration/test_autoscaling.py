@@ -22,22 +22,38 @@ pytestmark = pytest.mark.timeout(2 * ENGINE_READY_S + 600)
 
 def autoscale_app(model_dirs) -> dict:
     return {
-        "models": [{
-            "name": NAME, "source": str(model_dirs[TINY]),
-            "engine": {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 512,
-                       "max_num_seqs": 8, "cpu_kv_cache_space_gib": 1},
-            "deployment": {
-                "max_ongoing_requests": 8, "num_cpus": 0.5,
-                "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_per_replica": 4,
-                                "upscale_delay_s": 2, "downscale_delay_s": 10,
-                                "replica_start_s": 360, "metrics_interval_s": 1},
-                "health_check_period_s": 30, "health_check_timeout_s": 180,
-            },
-            "health": {"probe_timeout_s": 120},  # as the shared app's: see conftest
-        }],
+        "models": [
+            {
+                "name": NAME,
+                "source": str(model_dirs[TINY]),
+                "engine": {
+                    "dtype": "bfloat16",
+                    "enforce_eager": True,
+                    "max_model_len": 512,
+                    "max_num_seqs": 8,
+                    "cpu_kv_cache_space_gib": 1,
+                },
+                "deployment": {
+                    "max_ongoing_requests": 8,
+                    "num_cpus": 0.5,
+                    "autoscaling": {
+                        "min_replicas": 1,
+                        "max_replicas": 2,
+                        "target_per_replica": 4,
+                        "upscale_delay_s": 2,
+                        "downscale_delay_s": 10,
+                        "replica_start_s": 360,
+                        "metrics_interval_s": 1,
+                    },
+                    "health_check_period_s": 30,
+                    "health_check_timeout_s": 180,
+                },
+                "health": {"probe_timeout_s": 120},  # as the shared app's: see conftest
+            }
+        ],
         "admission": {"max_queue_wait_s": 180, "anonymous_tenant": "anonymous"},
         "tenants": [{"name": "anonymous", "default_timeout_s": 300}],
-    }  # fmt: skip
+    }
 
 
 def _running() -> int:
@@ -69,9 +85,15 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
                 up, now = state["scaled_up_at"], time.monotonic()
                 if (up and now > up + 15) or now - t0 > ENGINE_READY_S:
                     return
-                r = await c.post("/v1/completions", json={
-                    "model": NAME, "prompt": f"Load {k}-{i}", "max_tokens": 64,
-                    "ignore_eos": True})  # fmt: skip
+                r = await c.post(
+                    "/v1/completions",
+                    json={
+                        "model": NAME,
+                        "prompt": f"Load {k}-{i}",
+                        "max_tokens": 64,
+                        "ignore_eos": True,
+                    },
+                )
                 results.append(r.status_code)
                 i += 1
 
@@ -82,8 +104,9 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
             # Idle now: wait for the way back down, probing lightly to see nothing fails.
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and _running() != 1:
-                r = await c.post("/v1/completions", json={"model": NAME, "prompt": "probe",
-                                                          "max_tokens": 4})  # fmt: skip
+                r = await c.post(
+                    "/v1/completions", json={"model": NAME, "prompt": "probe", "max_tokens": 4}
+                )
                 results.append(r.status_code)
                 await asyncio.sleep(2)
         state["stop"] = True
@@ -93,8 +116,10 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
     try:
         load_end = asyncio.run(scenario())
         changes = [(round(t), n) for (t, n), (_, prev) in zip(timeline[1:], timeline) if n != prev]
-        print(f"\nreplica count changes (s, running): {changes}; load ended at {load_end:.0f} s; "
-              f"{len(results)} requests, statuses {sorted(set(results))}")  # fmt: skip
+        print(
+            f"\nreplica count changes (s, running): {changes}; load ended at {load_end:.0f} s; "
+            f"{len(results)} requests, statuses {sorted(set(results))}"
+        )
         assert max(n for _, n in timeline) == 2, "never scaled up"
         assert timeline[-1][1] == 1 or _running() == 1, "never scaled back down"
         assert set(results) == {200}, "a request failed during scaling"

@@ -14,10 +14,17 @@ NUM_TOKENS = 64
 
 
 async def _one(client: httpx.AsyncClient, i: int) -> int:
-    r = await client.post("/v1/completions", json={
-        "model": DEFAULT, "prompt": f"Story number {i}:", "max_tokens": NUM_TOKENS,
-        "temperature": 0.8, "seed": i, "ignore_eos": True,
-    })  # fmt: skip
+    r = await client.post(
+        "/v1/completions",
+        json={
+            "model": DEFAULT,
+            "prompt": f"Story number {i}:",
+            "max_tokens": NUM_TOKENS,
+            "temperature": 0.8,
+            "seed": i,
+            "ignore_eos": True,
+        },
+    )
     r.raise_for_status()
     return r.json()["usage"]["completion_tokens"]
 
@@ -38,16 +45,23 @@ def test_sixteen_concurrent_requests_batch(base_url):
     t1 = statistics.median(singles)
     t16 = asyncio.run(_timed(base_url, 16))
     ratio = t16 / t1
-    print(f"\none request {t1:.2f} s (median of {[round(t, 2) for t in singles]}), "
-          f"16 concurrent {t16:.2f} s: {ratio:.1f}x the time for "
-          f"16x the work ({16 / ratio:.1f}x throughput)")  # fmt: skip
+    print(
+        f"\none request {t1:.2f} s (median of {[round(t, 2) for t in singles]}), "
+        f"16 concurrent {t16:.2f} s: {ratio:.1f}x the time for "
+        f"16x the work ({16 / ratio:.1f}x throughput)"
+    )
     assert ratio < 6, "16 concurrent requests should take far less than 16x one request"
 
 
 def test_disconnect_mid_stream_aborts_engine_request(base_url, http):
     max_tokens, read = 1500, 10
-    body = {"model": DEFAULT, "prompt": "Count to a thousand:", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "model": DEFAULT,
+        "prompt": "Count to a thousand:",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     arrivals: list[float] = []
     # A few chunks only: on a quiet host the engine outruns this client, later chunks carry
     # several tokens each, and after 100 of them the engine had once finished all 1500 tokens.
@@ -76,8 +90,10 @@ def test_disconnect_mid_stream_aborts_engine_request(base_url, http):
         time.sleep(0.2)
     abort_s = time.monotonic() - closed
     stats = engine_stats(DEFAULT)
-    print(f"\nafter disconnect: {stats}; drained in {abort_s:.1f} s (bound {bound_s:.0f} s; the "
-          f"rest of the stream would have taken ~{rest_s:.0f} s)")  # fmt: skip
+    print(
+        f"\nafter disconnect: {stats}; drained in {abort_s:.1f} s (bound {bound_s:.0f} s; the "
+        f"rest of the stream would have taken ~{rest_s:.0f} s)"
+    )
     assert stats.num_unfinished == 0 and stats.num_running == 0
     assert stats.kv_cache_usage == 0.0
     r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Hello", "max_tokens": 4})

@@ -49,11 +49,30 @@ def smoke_run(tiny_model, tmp_path_factory) -> tuple[dict, Path, float]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.peers", "--smoke", "--out-dir", str(out),
-         "--model-dir", str(tiny_model), "--model-name", TINY, "--max-model-len", "1024",
-         "--port-base", str(PORT_BASE), "--ready-timeout-s", "900"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=2700,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.peers",
+            "--smoke",
+            "--out-dir",
+            str(out),
+            "--model-dir",
+            str(tiny_model),
+            "--model-name",
+            TINY,
+            "--max-model-len",
+            "1024",
+            "--port-base",
+            str(PORT_BASE),
+            "--ready-timeout-s",
+            "900",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2700,
+    )
     wall_s = time.monotonic() - t0
     print(f"\nbench smoke: {wall_s:.0f} s\n{proc.stdout[-3000:]}")
     assert proc.returncode == 0, f"harness failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -118,5 +137,7 @@ def still_running(p: dict) -> bool:
 
 
 def psutil_port_free(port: int) -> bool:
-    return not any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                   for c in psutil.net_connections("tcp"))  # fmt: skip
+    return not any(
+        c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        for c in psutil.net_connections("tcp")
+    )

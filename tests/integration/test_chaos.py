@@ -65,8 +65,12 @@ class Scenarios:
             # is read from this host's /tmp afterwards (all the CI log keeps is its tail).
             proc = subprocess.Popen(
                 [sys.executable, "-m", "chaos", "--scenario", name, "--short", "--json", str(out)],
-                cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "CHAOS_KEEP_LOGS": "1"})
+                cwd=ROOT,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "CHAOS_KEEP_LOGS": "1"},
+            )
             self._procs[name] = proc
             try:
                 rc = proc.wait(timeout=TIMEOUT_S)

@@ -49,22 +49,31 @@ STORM_QUEUE_WAIT_S = 180
 def storm_app() -> dict:
     return {
         "router": {"num_replicas": 2, "num_cpus": 0.25},
-        "models": [{"name": MODEL, "source": "simulated",
-                    # 20 ms a step: a 100-token stream lasts about 2 s, long enough to be cut.
-                    "simulation": {"step_s": 0.02},
-                    "engine": {"max_num_seqs": MAX_NUM_SEQS},
-                    "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25}}],
-        "admission": {"max_queue_len": 256, "max_queue_wait_s": STORM_QUEUE_WAIT_S,
-                      "anonymous_tenant": "anonymous"},
+        "models": [
+            {
+                "name": MODEL,
+                "source": "simulated",
+                # 20 ms a step: a 100-token stream lasts about 2 s, long enough to be cut.
+                "simulation": {"step_s": 0.02},
+                "engine": {"max_num_seqs": MAX_NUM_SEQS},
+                "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25},
+            }
+        ],
+        "admission": {
+            "max_queue_len": 256,
+            "max_queue_wait_s": STORM_QUEUE_WAIT_S,
+            "anonymous_tenant": "anonymous",
+        },
         "tenants": [{"name": "anonymous", "default_timeout_s": STORM_TIMEOUT_S}],
-    }  # fmt: skip
+    }
 
 
 def reaped_after_s(args: dict) -> float:
     """When an app's own deadlines would end a leaked anonymous request (or queue entry)."""
     config = AppConfig.model_validate(args)
-    anonymous = next(t for t in config.effective_tenants()
-                     if t.name == config.admission.anonymous_tenant)  # fmt: skip
+    anonymous = next(
+        t for t in config.effective_tenants() if t.name == config.admission.anonymous_tenant
+    )
     return min(anonymous.default_timeout_s, config.admission.max_queue_wait_s)
 
 
@@ -76,8 +85,10 @@ def storm_url(serve_app):
 
 
 def sim_stats():
-    return serve.get_deployment_handle(f"llm-{MODEL}", app_name=APP).stats.remote().result(
-        timeout_s=CALL_TIMEOUT_S
+    return (
+        serve.get_deployment_handle(f"llm-{MODEL}", app_name=APP)
+        .stats.remote()
+        .result(timeout_s=CALL_TIMEOUT_S)
     )
 
 
@@ -86,8 +97,11 @@ def gauges(metric: str, application: str, model: str) -> dict[str, float]:
     text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=60).text
     values = {}
     for line in text.splitlines():
-        if (line.startswith(metric + "{") and f'application="{application}"' in line
-                and f'model="{model}"' in line):  # fmt: skip
+        if (
+            line.startswith(metric + "{")
+            and f'application="{application}"' in line
+            and f'model="{model}"' in line
+        ):
             labels, value = line.rsplit(" ", 1)
             replica = labels.split('replica="', 1)[1].split('"', 1)[0]
             values[f"{metric.removeprefix('ray_llmserve_')}[{replica}]"] = float(value)
@@ -96,10 +110,16 @@ def gauges(metric: str, application: str, model: str) -> dict[str, float]:
 
 async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Random) -> str:
     """One request the client gives up on at a random point; returns how it ended."""
-    body = {"model": model, "prompt": "Tell me a long story", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}  # fmt: skip
-    how = rng.choices(["cancel-task", "close-at-headers", "close-after-chunks", "timeout"],
-                      weights=[2, 2, 5, 1])[0]  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": "Tell me a long story",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    how = rng.choices(
+        ["cancel-task", "close-at-headers", "close-after-chunks", "timeout"], weights=[2, 2, 5, 1]
+    )[0]
     if how == "cancel-task":  # gone before or during admission and dispatch
         task = asyncio.create_task(c.post("/v1/completions", json=body))
         await asyncio.sleep(rng.uniform(0, 0.3))
@@ -111,8 +131,9 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
         return "finished-first"
     if how == "timeout":  # a non-streamed request whose client stops waiting
         try:
-            await c.post("/v1/completions", json={**body, "stream": False},
-                         timeout=rng.uniform(0.05, 1.0))  # fmt: skip
+            await c.post(
+                "/v1/completions", json={**body, "stream": False}, timeout=rng.uniform(0.05, 1.0)
+            )
             return "finished-first"
         except httpx.TimeoutException:
             return how
@@ -157,23 +178,34 @@ def wait_for(check, timeout_s: float = DRAIN_S, done=all_zero):
 def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     # Warm: the Routers' handles know the replica, so the storm measures the steady path.
     for _ in range(4):
-        r = httpx.post(f"{storm_url}/v1/completions", timeout=CALL_TIMEOUT_S,
-                       json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+        r = httpx.post(
+            f"{storm_url}/v1/completions",
+            timeout=CALL_TIMEOUT_S,
+            json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+        )
         assert r.status_code == 200
     busy: dict[str, float] = {}  # the peak of each figure while the storm lasts
 
     def snapshot():
         s = sim_stats()
-        queues = serve.get_app_handle(APP).queue_stats.remote().result(
-            timeout_s=CALL_TIMEOUT_S)[MODEL]  # fmt: skip
-        for k, v in (("running", s.num_running), ("waiting", s.num_waiting),
-                     ("kv", s.kv_cache_usage), ("router in_flight", queues["in_flight"]),
-                     ("router queued", queues["queued"])):  # fmt: skip
+        queues = (
+            serve.get_app_handle(APP).queue_stats.remote().result(timeout_s=CALL_TIMEOUT_S)[MODEL]
+        )
+        for k, v in (
+            ("running", s.num_running),
+            ("waiting", s.num_waiting),
+            ("kv", s.kv_cache_usage),
+            ("router in_flight", queues["in_flight"]),
+            ("router queued", queues["queued"]),
+        ):
             busy[k] = max(busy.get(k, 0), v)
 
     def full() -> bool:
-        return (busy.get("running") == MAX_NUM_SEQS and busy.get("waiting", 0) > 0
-                and busy.get("router in_flight", 0) > 0)  # fmt: skip
+        return (
+            busy.get("running") == MAX_NUM_SEQS
+            and busy.get("waiting", 0) > 0
+            and busy.get("router in_flight", 0) > 0
+        )
 
     async def run():
         task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, 100, seed=9))
@@ -192,12 +224,18 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
 
     def engine():
         s = sim_stats()
-        return {"running": s.num_running, "waiting": s.num_waiting,
-                "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
+        return {
+            "running": s.num_running,
+            "waiting": s.num_waiting,
+            "unfinished": s.num_unfinished,
+            "kv": s.kv_cache_usage,
+        }
 
     def routers():
-        return {**gauges("ray_llmserve_in_flight", APP, MODEL),
-                **gauges("ray_llmserve_queue_depth", APP, MODEL)}
+        return {
+            **gauges("ray_llmserve_in_flight", APP, MODEL),
+            **gauges("ray_llmserve_queue_depth", APP, MODEL),
+        }
 
     engine_s, engine_after = wait_for(engine)
     # The gauges are exported every 2 s and scraped every second: at least one fresh export
@@ -205,10 +243,12 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     time.sleep(4)
     router_s, router_after = wait_for(routers, done=lambda f: len(f) == 4 and all_zero(f))
     total_s = storm_s + engine_s + 4 + router_s
-    print(f"\n{NUM_SIM_STREAMS} streams on the simulated model, ended by the client in "
-          f"{storm_s:.1f} s: {dict(endings)}; mid-storm peaks {dict(busy)}; engine idle "
-          f"{engine_s:.1f} s after the last client left: {engine_after}; Router gauges after "
-          f"{router_s + 4:.1f} s: {router_after}")  # fmt: skip
+    print(
+        f"\n{NUM_SIM_STREAMS} streams on the simulated model, ended by the client in "
+        f"{storm_s:.1f} s: {dict(endings)}; mid-storm peaks {dict(busy)}; engine idle "
+        f"{engine_s:.1f} s after the last client left: {engine_after}; Router gauges after "
+        f"{router_s + 4:.1f} s: {router_after}"
+    )
     assert full(), f"the engine was never full: {busy}"
     assert not any(engine_after.values()), engine_after
     assert len(router_after) == 4, router_after  # in-flight and queue of each of 2 replicas
@@ -216,8 +256,11 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     reaped_s = reaped_after_s(storm_app())
     assert total_s < reaped_s, f"drained in {total_s:.0f} s, no sooner than deadlines reap"
     # And the model still serves.
-    r = httpx.post(f"{storm_url}/v1/completions", timeout=30,
-                   json={"model": MODEL, "prompt": "Hi", "max_tokens": 5})  # fmt: skip
+    r = httpx.post(
+        f"{storm_url}/v1/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "Hi", "max_tokens": 5},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
@@ -229,32 +272,44 @@ def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url, model_di
 
     def engine():
         s = engine_stats(TINY)
-        return {"running": s.num_running, "waiting": s.num_waiting,
-                "unfinished": s.num_unfinished, "kv": s.kv_cache_usage}  # fmt: skip
+        return {
+            "running": s.num_running,
+            "waiting": s.num_waiting,
+            "unfinished": s.num_unfinished,
+            "kv": s.kv_cache_usage,
+        }
 
     def router():
-        h = httpx.get(f"{base_url}/healthz", headers=auth("interactive"),
-                      timeout=60).json()["models"][TINY]
+        h = httpx.get(f"{base_url}/healthz", headers=auth("interactive"), timeout=60).json()[
+            "models"
+        ][TINY]
         return {"in_flight": h["in_flight"], "queued": h["queued"]}
 
     def exported():
-        return {**gauges("ray_llmserve_in_flight", "llmserve", TINY),
-                **gauges("ray_llmserve_queue_depth", "llmserve", TINY)}
+        return {
+            **gauges("ray_llmserve_in_flight", "llmserve", TINY),
+            **gauges("ray_llmserve_queue_depth", "llmserve", TINY),
+        }
 
     engine_s, engine_after = wait_for(engine)
     router_s, router_after = wait_for(router)
     time.sleep(4)  # a fresh export first (see the test above)
     exported_s, exported_after = wait_for(exported, done=lambda f: bool(f) and all_zero(f))
     total_s = storm_s + engine_s + router_s + 4 + exported_s
-    print(f"\n{NUM_TINY_STREAMS} streams on {TINY}, ended by the client in {storm_s:.1f} s: "
-          f"{dict(endings)}; engine idle {engine_s:.1f} s later: {engine_after}; Router "
-          f"(/healthz) {router_after}; exported gauges {exported_after} "
-          f"{exported_s + 4:.1f} s after that")  # fmt: skip
+    print(
+        f"\n{NUM_TINY_STREAMS} streams on {TINY}, ended by the client in {storm_s:.1f} s: "
+        f"{dict(endings)}; engine idle {engine_s:.1f} s later: {engine_after}; Router "
+        f"(/healthz) {router_after}; exported gauges {exported_after} "
+        f"{exported_s + 4:.1f} s after that"
+    )
     assert not any(engine_after.values()), engine_after
     assert not any(router_after.values()), router_after
     assert exported_after and not any(exported_after.values()), exported_after
     reaped_s = reaped_after_s(app_args(model_dirs))
     assert total_s < reaped_s, f"drained in {total_s:.0f} s, no sooner than deadlines reap"
-    r = httpx.post(f"{base_url}/v1/completions", timeout=CALL_TIMEOUT_S,
-                   json={"model": TINY, "prompt": "Hi", "max_tokens": 5, "ignore_eos": True})
+    r = httpx.post(
+        f"{base_url}/v1/completions",
+        timeout=CALL_TIMEOUT_S,
+        json={"model": TINY, "prompt": "Hi", "max_tokens": 5, "ignore_eos": True},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5

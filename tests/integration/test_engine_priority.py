@@ -7,11 +7,10 @@ request waits for the next one to free, first in line.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
-
-import json
 
 from deployments.asgi_call import AsgiCall
 from deployments.vllm_engine import VLLMEngine
@@ -28,12 +27,16 @@ async def _scenario(model_dir, policy: str) -> dict[str, float]:
         name=TINY,
         source=str(model_dir),
         engine=EngineConfig(
-            dtype="bfloat16", enforce_eager=True, max_model_len=512, max_num_seqs=4,
-            scheduling_policy=policy, cpu_kv_cache_space_gib=1,
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=512,
+            max_num_seqs=4,
+            scheduling_policy=policy,
+            cpu_kv_cache_space_gib=1,
             # Room for fewer than 2 of the 4 sequences at full length: KV runs short mid-way.
             extra={"num_gpu_blocks_override": 24, "block_size": 32},
         ),
-    )  # fmt: skip
+    )
     engine = VLLMEngine(model, str(model_dir))
     await engine.start()
     finished: dict[str, float] = {}
@@ -42,11 +45,22 @@ async def _scenario(model_dir, policy: str) -> dict[str, float]:
     async def run(rid: str, priority: int) -> None:
         # The priority goes in the body, as the Router puts the tenant's there (vLLM refuses
         # one but 0 unless it schedules by priority).
-        body = {"model": TINY, "prompt": "Once upon a time", "max_tokens": MAX_TOKENS,
-                "ignore_eos": True, "priority": priority if policy == "priority" else 0}
-        call = AsgiCall(engine.app, ReplicaRequest(rid, COMPLETIONS_PATH,
-                                                   json.dumps(body).encode(),
-                                                   (("content-type", "application/json"),)))
+        body = {
+            "model": TINY,
+            "prompt": "Once upon a time",
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "priority": priority if policy == "priority" else 0,
+        }
+        call = AsgiCall(
+            engine.app,
+            ReplicaRequest(
+                rid,
+                COMPLETIONS_PATH,
+                json.dumps(body).encode(),
+                (("content-type", "application/json"),),
+            ),
+        )
         await call.ended.wait()
         assert call.status == 200, call.take()
         await call.close()
@@ -66,8 +80,7 @@ async def _scenario(model_dir, policy: str) -> dict[str, float]:
 def test_priority_scheduling_protects_the_interactive_request(model_dirs, policy):
     finished = asyncio.run(_scenario(model_dirs[TINY], policy))
     order = sorted(finished, key=finished.get)
-    print(f"\n{policy}: finish order {order} at "
-          f"{', '.join(f'{finished[r]:.1f} s' for r in order)}")  # fmt: skip
+    print(f"\n{policy}: finish order {order} at {', '.join(f'{finished[r]:.1f} s' for r in order)}")
     if policy == "priority":
         # Only the batch request that started first may finish before it: the others were the
         # ones preempted when KV ran short.

@@ -6,8 +6,8 @@ replicas, and those refuse a call without Ray's token (token auth is on) and tak
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -89,14 +89,22 @@ def make_serve():
     log = open(Path(tmp) / "make-serve.log", "wb")
     make = subprocess.Popen(
         ["make", "serve", f"CONFIG={config}", *(f"{k}={v}" for k, v in PORTS.items())],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
         while True:
             try:
-                r = httpx.post(f"http://127.0.0.1:{HTTP_PORT}/v1/completions",
-                               headers={"Authorization": "Bearer sk-exposure-test-01"},
-                               json={"model": "sim", "prompt": "hi", "max_tokens": 2}, timeout=10)
+                r = httpx.post(
+                    f"http://127.0.0.1:{HTTP_PORT}/v1/completions",
+                    headers={"Authorization": "Bearer sk-exposure-test-01"},
+                    json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                    timeout=10,
+                )
                 if r.status_code == 200:
                     break
             except httpx.HTTPError:

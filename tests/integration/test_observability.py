@@ -34,14 +34,17 @@ from tests.integration.helpers import send_at_once
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
 
 PROM_PORT = int(os.environ.get("LLMSERVE_TEST_PROMETHEUS_PORT", "19090"))
-INSTALL = ("Debian's Prometheus server is missing: "
-           "`apt-get update && apt-get install -y --no-install-recommends prometheus`")  # fmt: skip
+INSTALL = (
+    "Debian's Prometheus server is missing: "
+    "`apt-get update && apt-get install -y --no-install-recommends prometheus`"
+)
 POLL_S = 300
 SCRAPE_S = 5
 
 # A prompt long enough to fill whole KV blocks, sent twice: the second one can hit the prefix cache.
-LONG_PROMPT = " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}."
-                       for i in range(60))  # fmt: skip
+LONG_PROMPT = " ".join(
+    f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(60)
+)
 
 
 def has_gpu() -> bool:
@@ -56,29 +59,49 @@ def prometheus(serve_app, tmp_path_factory):
         pytest.fail(INSTALL)
     home = tmp_path_factory.mktemp("prometheus")
     config = home / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        # 5 s, not 1 or 2: a scrape that times out (a loaded host) marks every series stale at
-        # once, and the instant queries below then see nothing.
-        "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
-        "scrape_configs": [{"job_name": "ray", "scrape_interval": f"{SCRAPE_S}s",
-                            "scrape_timeout": f"{SCRAPE_S}s",
-                            "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]}],
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                # 5 s, not 1 or 2: a scrape that times out (a loaded host) marks every series
+                # stale at once, and the instant queries below then see nothing.
+                "global": {
+                    "scrape_interval": f"{SCRAPE_S}s",
+                    "evaluation_interval": f"{SCRAPE_S}s",
+                },
+                "scrape_configs": [
+                    {
+                        "job_name": "ray",
+                        "scrape_interval": f"{SCRAPE_S}s",
+                        "scrape_timeout": f"{SCRAPE_S}s",
+                        "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}],
+                    }
+                ],
+            }
+        )
+    )
     log = open(home / "prometheus.log", "w")
     proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
-         f"--web.listen-address=127.0.0.1:{PROM_PORT}", "--storage.tsdb.retention.time=1h",
-         "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={home / 'data'}",
+            f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+            "--storage.tsdb.retention.time=1h",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{PROM_PORT}"
     targets = None
     try:
         deadline = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"prometheus exited {proc.returncode}: "
-                            f"{(home / 'prometheus.log').read_text()[-2000:]}")  # fmt: skip
+                pytest.fail(
+                    f"prometheus exited {proc.returncode}: "
+                    f"{(home / 'prometheus.log').read_text()[-2000:]}"
+                )
             try:
                 targets = httpx.get(f"{url}/api/v1/targets", timeout=10).json()["data"]
                 if any(t["health"] == "up" for t in targets["activeTargets"]):
@@ -118,30 +141,52 @@ def send_traffic(http: httpx.Client) -> dict[str, int]:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
 
     key = {"Authorization": f"Bearer {KEYS['interactive']}"}
-    r = http.post("/v1/chat/completions", headers=key, json={
-        "model": DEFAULT, "max_tokens": 16, "temperature": 0,
-        "messages": [{"role": "user", "content": "What is the capital of France?"}]})  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        headers=key,
+        json={
+            "model": DEFAULT,
+            "max_tokens": 16,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        },
+    )
     note(r.status_code)
-    with http.stream("POST", "/v1/chat/completions", json={
-        "model": DEFAULT, "max_tokens": 24, "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": "Write a haiku about GPUs."}]}) as s:  # fmt: skip
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": DEFAULT,
+            "max_tokens": 24,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "Write a haiku about GPUs."}],
+        },
+    ) as s:
         note(s.status_code)
         chunks = [line for line in s.iter_lines() if line.startswith("data:")]
         assert chunks[-1] == "data: [DONE]"
     for _ in range(2):  # the same long prompt twice: prefix-cache queries (and hits)
-        r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": LONG_PROMPT,
-                                               "max_tokens": 4})  # fmt: skip
+        r = http.post(
+            "/v1/completions", json={"model": DEFAULT, "prompt": LONG_PROMPT, "max_tokens": 4}
+        )
         note(r.status_code)
     r = http.post("/v1/completions", json={"model": TINY, "prompt": "Hello", "max_tokens": 8})
     note(r.status_code)
-    r = http.post("/v1/chat/completions", json={
-        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
     note(r.status_code)
     # 0.5 requests/s with a burst of 2: of 4 at once, some are 429s.
     limited = {"Authorization": f"Bearer {KEYS['limited']}"}
-    responses, _ = send_at_once(http.base_url, 4, "/v1/completions", limited,
-                                {"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+    responses, _ = send_at_once(
+        http.base_url,
+        4,
+        "/v1/completions",
+        limited,
+        {"model": TINY, "prompt": "Hi", "max_tokens": 2},
+    )
     for r in responses:
         note(r.status_code)
     return statuses
@@ -174,9 +219,13 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
             send_traffic(http)
             time.sleep(SCRAPE_S)
     assert not missing, "queries without data after %.0f s:\n%s" % (
-        time.monotonic() - t0, "\n".join(missing))  # fmt: skip
-    print(f"all {len(data_panels)} dashboard queries have data after "
-          f"{time.monotonic() - t0:.1f} s of polling")  # fmt: skip
+        time.monotonic() - t0,
+        "\n".join(missing),
+    )
+    print(
+        f"all {len(data_panels)} dashboard queries have data after "
+        f"{time.monotonic() - t0:.1f} s of polling"
+    )
     for title, expr in panels:
         result = query(prometheus, expr)
         values = ", ".join(f"{s['metric']}={float(s['value'][1]):.3g}" for s in result[:4])
@@ -187,8 +236,11 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
             assert query(prometheus, expr) == [], f"{title}: GPU series on a machine without GPU"
 
     # The `model` variable's values: the configured models.
-    r = httpx.get(f"{prometheus}/api/v1/label/model/values",
-                  params={"match[]": "ray_llmserve_admission_capacity"}, timeout=10)  # fmt: skip
+    r = httpx.get(
+        f"{prometheus}/api/v1/label/model/values",
+        params={"match[]": "ray_llmserve_admission_capacity"},
+        timeout=10,
+    )
     assert {DEFAULT, TINY} <= set(r.json()["data"])
 
     # Sensible values: outcomes and reasons labelled as documented, one healthy replica each,
@@ -197,10 +249,14 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
     assert {"ok", "404", "429"} <= outcomes, outcomes
     reasons = {s["metric"]["reason"] for s in query(prometheus, "ray_llmserve_rejections_total")}
     assert "rate_limit" in reasons, reasons
-    replicas = query(prometheus, 'sum by (deployment) (ray_serve_deployment_replica_healthy'
-                     '{deployment=~"llm-.*", application="llmserve"})')  # fmt: skip
+    replicas = query(
+        prometheus,
+        "sum by (deployment) (ray_serve_deployment_replica_healthy"
+        '{deployment=~"llm-.*", application="llmserve"})',
+    )
     assert {s["metric"]["deployment"]: float(s["value"][1]) for s in replicas} == {
-        f"llm-{name}": 1.0 for name in (DEFAULT, TINY, INT8)}  # fmt: skip
+        f"llm-{name}": 1.0 for name in (DEFAULT, TINY, INT8)
+    }
     ttft_sum = finite(query(prometheus, "sum(ray_llmserve_ttft_seconds_sum)"))
     e2e_sum = finite(query(prometheus, "sum(ray_llmserve_e2e_seconds_sum)"))
     assert 0 < ttft_sum[0] <= e2e_sum[0]
@@ -215,8 +271,9 @@ def render_the_dashboard(prometheus: str, tmp_path: Path) -> None:
     from observability import render_dashboard as rd
 
     end = time.time()
-    collected = rd.collect(rd.json.loads(rd.DASHBOARD.read_text()),
-                           rd.fetch_range(prometheus, end - 300, end, 2.0))  # fmt: skip
+    collected = rd.collect(
+        rd.json.loads(rd.DASHBOARD.read_text()), rd.fetch_range(prometheus, end - 300, end, 2.0)
+    )
     empty = [name for name, _, series in collected if not series and "GPU" not in name]
     assert not empty, f"panels without data: {empty}"
     out = Path(os.environ.get("LLMSERVE_DASHBOARD_PNG") or tmp_path / "dashboard.png")
@@ -229,8 +286,18 @@ def test_status_once_shows_each_model(serve_app, capsys):
     with httpx.Client(base_url=serve_app, timeout=CLIENT_TIMEOUT_S) as http:
         r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Hi", "max_tokens": 8})
         assert r.status_code == 200
-    argv = ["status", "--url", serve_app, "--interval", "1", "--once", "--timeout-s", "60",
-            "--metrics-url", f"http://127.0.0.1:{METRICS_PORT}/metrics"]  # fmt: skip
+    argv = [
+        "status",
+        "--url",
+        serve_app,
+        "--interval",
+        "1",
+        "--once",
+        "--timeout-s",
+        "60",
+        "--metrics-url",
+        f"http://127.0.0.1:{METRICS_PORT}/metrics",
+    ]
     # Ray exports every second, as far as a loaded host lets it: until the model's TTFT shows.
     deadline = time.monotonic() + 120
     while True:

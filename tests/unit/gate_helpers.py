@@ -33,17 +33,28 @@ def make_gate(
     **admission,
 ) -> tuple[Gate, dict[str, TenantConfig], FakeClock]:
     tenants = tenants or ({"name": "t"},)
-    config = AppConfig.model_validate({
-        "models": [{
-            "name": MODEL,
-            "source": "org/m",
-            "deployment": {"num_replicas": num_replicas,
-                           "max_ongoing_requests": max_ongoing_requests},
-        }],
-        "tenants": list(tenants),
-        "admission": {"anonymous_tenant": None, "max_queue_len": 8, "max_queue_wait_s": 30.0,
-                      "ageing_s": 0, **admission},
-    })  # fmt: skip
+    config = AppConfig.model_validate(
+        {
+            "models": [
+                {
+                    "name": MODEL,
+                    "source": "org/m",
+                    "deployment": {
+                        "num_replicas": num_replicas,
+                        "max_ongoing_requests": max_ongoing_requests,
+                    },
+                }
+            ],
+            "tenants": list(tenants),
+            "admission": {
+                "anonymous_tenant": None,
+                "max_queue_len": 8,
+                "max_queue_wait_s": 30.0,
+                "ageing_s": 0,
+                **admission,
+            },
+        }
+    )
     clock = clock or FakeClock()
     gate = Gate(config, config.tenants, num_router_replicas, clock=clock)
     return gate, {t.name: t for t in config.tenants}, clock

@@ -8,8 +8,8 @@ import pytest
 
 from serve_app.admission import (
     DEFAULT_PRIORITY_LEVELS,
-    Admit,
     AdmissionPolicy,
+    Admit,
     Queue,
     Reject,
 )
@@ -20,8 +20,9 @@ BATCH = DEFAULT_PRIORITY_LEVELS["batch"]
 
 
 def make(capacity=1, max_queue_len=10, max_queue_wait_s=30.0, **kwargs) -> AdmissionPolicy:
-    return AdmissionPolicy(capacity=capacity, max_queue_len=max_queue_len,
-                           max_queue_wait_s=max_queue_wait_s, **kwargs)
+    return AdmissionPolicy(
+        capacity=capacity, max_queue_len=max_queue_len, max_queue_wait_s=max_queue_wait_s, **kwargs
+    )
 
 
 def drain_order(policy: AdmissionPolicy, first_in_flight: str, now_s: float) -> list[str]:
@@ -41,16 +42,31 @@ def drain_order(policy: AdmissionPolicy, first_in_flight: str, now_s: float) -> 
 # [(id, priority, arrival_s)] queued behind one running request -> start order
 ORDER_CASES = {
     "priority first": (
-        [("b", BATCH, 1.0), ("s", STANDARD, 2.0), ("i", INTERACTIVE, 3.0)], ["i", "s", "b"]),
+        [("b", BATCH, 1.0), ("s", STANDARD, 2.0), ("i", INTERACTIVE, 3.0)],
+        ["i", "s", "b"],
+    ),
     "arrival within a priority": (
-        [("s1", STANDARD, 1.0), ("s2", STANDARD, 2.0), ("s3", STANDARD, 3.0)], ["s1", "s2", "s3"]),
+        [("s1", STANDARD, 1.0), ("s2", STANDARD, 2.0), ("s3", STANDARD, 3.0)],
+        ["s1", "s2", "s3"],
+    ),
     "mixed": (
-        [("b1", BATCH, 0.1), ("i1", INTERACTIVE, 0.2), ("b2", BATCH, 0.3),
-         ("i2", INTERACTIVE, 0.4), ("s1", STANDARD, 0.5)], ["i1", "i2", "s1", "b1", "b2"]),
+        [
+            ("b1", BATCH, 0.1),
+            ("i1", INTERACTIVE, 0.2),
+            ("b2", BATCH, 0.3),
+            ("i2", INTERACTIVE, 0.4),
+            ("s1", STANDARD, 0.5),
+        ],
+        ["i1", "i2", "s1", "b1", "b2"],
+    ),
     "same clock reading keeps arrival order": (
-        [("x", STANDARD, 5.0), ("y", STANDARD, 5.0), ("z", STANDARD, 5.0)], ["x", "y", "z"]),
+        [("x", STANDARD, 5.0), ("y", STANDARD, 5.0), ("z", STANDARD, 5.0)],
+        ["x", "y", "z"],
+    ),
     "custom numeric levels": (
-        [("low", 20, 1.0), ("high", -5, 2.0), ("mid", 10, 3.0)], ["high", "mid", "low"]),
+        [("low", 20, 1.0), ("high", -5, 2.0), ("mid", 10, 3.0)],
+        ["high", "mid", "low"],
+    ),
 }
 
 
@@ -90,8 +106,9 @@ AGEING_CASES = {
 }
 
 
-@pytest.mark.parametrize("ageing_s, interactive_s, release_s, first",
-                         AGEING_CASES.values(), ids=AGEING_CASES)
+@pytest.mark.parametrize(
+    "ageing_s, interactive_s, release_s, first", AGEING_CASES.values(), ids=AGEING_CASES
+)
 def test_ageing_lets_old_batch_pass_newer_interactive(ageing_s, interactive_s, release_s, first):
     policy = make(capacity=1, max_queue_wait_s=10_000.0, ageing_s=ageing_s)
     policy.offer("r", STANDARD, 0.0)
@@ -100,10 +117,18 @@ def test_ageing_lets_old_batch_pass_newer_interactive(ageing_s, interactive_s, r
     assert policy.release("r", release_s) == [first]
 
 
-@pytest.mark.parametrize("priority, waited_s, ageing_s, effective", [
-    (2, 0.0, 10.0, 2), (2, 9.99, 10.0, 2), (2, 10.0, 10.0, 1), (2, 25.0, 10.0, 0),
-    (2, 35.0, 10.0, -1), (2, 1e6, 0.0, 2), (0, -5.0, 10.0, 0),
-])
+@pytest.mark.parametrize(
+    "priority, waited_s, ageing_s, effective",
+    [
+        (2, 0.0, 10.0, 2),
+        (2, 9.99, 10.0, 2),
+        (2, 10.0, 10.0, 1),
+        (2, 25.0, 10.0, 0),
+        (2, 35.0, 10.0, -1),
+        (2, 1e6, 0.0, 2),
+        (0, -5.0, 10.0, 0),
+    ],
+)
 def test_effective_priority(priority, waited_s, ageing_s, effective):
     assert make(ageing_s=ageing_s).effective_priority(priority, waited_s) == effective
 
@@ -150,12 +175,19 @@ def test_misuse_is_loud():
         policy.release("a", 1.0)  # double release
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(capacity=-1), dict(max_queue_len=-1), dict(max_queue_wait_s=0),
-    dict(max_queue_wait_s=float("inf")), dict(ageing_s=-1), dict(min_retry_after_s=-1),
-    dict(max_queue_wait_s_by_priority={BATCH: 0}),
-    dict(max_queue_wait_s_by_priority={BATCH: float("nan")}),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(capacity=-1),
+        dict(max_queue_len=-1),
+        dict(max_queue_wait_s=0),
+        dict(max_queue_wait_s=float("inf")),
+        dict(ageing_s=-1),
+        dict(min_retry_after_s=-1),
+        dict(max_queue_wait_s_by_priority={BATCH: 0}),
+        dict(max_queue_wait_s_by_priority={BATCH: float("nan")}),
+    ],
+)
 def test_bad_parameters(kwargs):
     with pytest.raises(ValueError):
         make(**kwargs)
@@ -168,13 +200,18 @@ def test_bad_parameters(kwargs):
 def test_random_sequences_keep_invariants(seed):
     rng = random.Random(seed)
     capped = seed % 2 == 1  # half the runs reserve slots: batch holds a share at most
-    policy = make(capacity=rng.randint(0, 4), max_queue_len=rng.randint(0, 6),
-                  max_queue_wait_s=rng.uniform(1, 20), ageing_s=rng.choice([0.0, 0.5, 3.0]),
-                  max_queue_wait_s_by_priority={p: rng.uniform(1, 40)
-                                                for p in rng.sample([0, 1, 2], rng.randint(0, 2))},
-                  displace_lower_priority=rng.random() < 0.5,
-                  capped_priority=BATCH if capped else None,
-                  capped_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0)
+    policy = make(
+        capacity=rng.randint(0, 4),
+        max_queue_len=rng.randint(0, 6),
+        max_queue_wait_s=rng.uniform(1, 20),
+        ageing_s=rng.choice([0.0, 0.5, 3.0]),
+        max_queue_wait_s_by_priority={
+            p: rng.uniform(1, 40) for p in rng.sample([0, 1, 2], rng.randint(0, 2))
+        },
+        displace_lower_priority=rng.random() < 0.5,
+        capped_priority=BATCH if capped else None,
+        capped_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0,
+    )
     priority: dict[str, int] = {}
     offered: list[str] = []
     arrival: dict[str, float] = {}
@@ -198,10 +235,10 @@ def test_random_sequences_keep_invariants(seed):
     def started(ids: list[str], expected_order: list[str]) -> None:
         if capped:  # the most urgent of those allowed start, in order; batch may be skipped
             assert ids == [e for e in expected_order if e in ids]
-            skipped = expected_order[:expected_order.index(ids[-1])] if ids else []
+            skipped = expected_order[: expected_order.index(ids[-1])] if ids else []
             assert all(priority[e] == BATCH for e in skipped if e not in ids)
         else:
-            assert ids == expected_order[:len(ids)]  # the most urgent start, in order
+            assert ids == expected_order[: len(ids)]  # the most urgent start, in order
         for entry_id in ids:
             start(entry_id)
         if ids:
@@ -239,8 +276,10 @@ def test_random_sequences_keep_invariants(seed):
                 assert waited_s > policy.max_wait_s(priority[reject.entry_id])
                 settle(reject.entry_id, "rejected")
             # What is left has waited no longer than its class allows.
-            assert all(now_s - arrival[e] <= policy.max_wait_s(priority[e])
-                       for e in policy.queued_in_order(now_s))  # fmt: skip
+            assert all(
+                now_s - arrival[e] <= policy.max_wait_s(priority[e])
+                for e in policy.queued_in_order(now_s)
+            )
         else:
             started(policy.set_capacity(rng.randint(0, 4), now_s), order)
 

@@ -28,10 +28,14 @@ RETRY_AFTER_CASES = {
 }
 
 
-@pytest.mark.parametrize("capacity, max_queue_len, service_times_s, num_queued, retry_after_s",
-                         RETRY_AFTER_CASES.values(), ids=RETRY_AFTER_CASES)
+@pytest.mark.parametrize(
+    "capacity, max_queue_len, service_times_s, num_queued, retry_after_s",
+    RETRY_AFTER_CASES.values(),
+    ids=RETRY_AFTER_CASES,
+)
 def test_retry_after_estimates_time_to_work_off_the_queue(
-        capacity, max_queue_len, service_times_s, num_queued, retry_after_s):
+    capacity, max_queue_len, service_times_s, num_queued, retry_after_s
+):
     policy = make(capacity=capacity, max_queue_len=max_queue_len)
     now_s = 0.0
     for i, service_s in enumerate(service_times_s):
@@ -115,12 +119,17 @@ DISPLACE_CASES = {
 }
 
 
-@pytest.mark.parametrize("displace, queued, newcomer, ageing_s, now_s, displaced",
-                         DISPLACE_CASES.values(), ids=DISPLACE_CASES)
+@pytest.mark.parametrize(
+    "displace, queued, newcomer, ageing_s, now_s, displaced",
+    DISPLACE_CASES.values(),
+    ids=DISPLACE_CASES,
+)
 def test_full_queue_makes_room_for_more_urgent(
-        displace, queued, newcomer, ageing_s, now_s, displaced):
-    policy = make(capacity=1, max_queue_len=len(queued), ageing_s=ageing_s,
-                  displace_lower_priority=displace)
+    displace, queued, newcomer, ageing_s, now_s, displaced
+):
+    policy = make(
+        capacity=1, max_queue_len=len(queued), ageing_s=ageing_s, displace_lower_priority=displace
+    )
     policy.offer("r", STANDARD, 0.0)
     for i, priority in enumerate(queued):
         assert policy.offer(f"q{i}", priority, 0.0) == Queue(f"q{i}")
@@ -139,13 +148,17 @@ TIMEOUT_CASES = {
     "just past the bound": (10.0, [("a", 0.0, STANDARD)], 10.001, ["a"]),
     "only the old ones": (10.0, [("a", 0.0, STANDARD), ("b", 5.0, STANDARD)], 12.0, ["a"]),
     "across priorities, oldest first": (
-        10.0, [("b", 0.0, BATCH), ("i", 1.0, INTERACTIVE), ("s", 2.0, STANDARD),
-               ("young", 9.0, BATCH)], 15.0, ["b", "i", "s"]),
+        10.0,
+        [("b", 0.0, BATCH), ("i", 1.0, INTERACTIVE), ("s", 2.0, STANDARD), ("young", 9.0, BATCH)],
+        15.0,
+        ["b", "i", "s"],
+    ),
 }
 
 
-@pytest.mark.parametrize("max_queue_wait_s, arrivals, poll_s, expired",
-                         TIMEOUT_CASES.values(), ids=TIMEOUT_CASES)
+@pytest.mark.parametrize(
+    "max_queue_wait_s, arrivals, poll_s, expired", TIMEOUT_CASES.values(), ids=TIMEOUT_CASES
+)
 def test_poll_expires_entries_that_waited_too_long(max_queue_wait_s, arrivals, poll_s, expired):
     policy = make(capacity=1, max_queue_wait_s=max_queue_wait_s)
     policy.offer("r", STANDARD, 0.0)

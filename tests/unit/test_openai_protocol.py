@@ -86,10 +86,12 @@ def test_platform_fields_with_odd_values_are_400s(body, param):
 # ------------------------------------------------------------------------------ rewrite_body
 
 
-def rewritten(body: dict, cap: int | None = None, priority: int | None = None,
-              default: int | None = None) -> dict:
-    return json.loads(rewrite_body(body, default_max_tokens=default, max_tokens_cap=cap,
-                                   priority=priority))
+def rewritten(
+    body: dict, cap: int | None = None, priority: int | None = None, default: int | None = None
+) -> dict:
+    return json.loads(
+        rewrite_body(body, default_max_tokens=default, max_tokens_cap=cap, priority=priority)
+    )
 
 
 @pytest.mark.parametrize(
@@ -99,10 +101,16 @@ def rewritten(body: dict, cap: int | None = None, priority: int | None = None,
         ({"model": "m"}, 16, {"model": "m", "max_tokens": 16}),
         ({"model": "m", "max_tokens": 8}, 16, {"model": "m", "max_tokens": 8}),
         ({"model": "m", "max_tokens": 99}, 16, {"model": "m", "max_tokens": 16}),
-        ({"model": "m", "max_completion_tokens": 99}, 16,
-         {"model": "m", "max_completion_tokens": 16}),
-        ({"model": "m", "max_completion_tokens": 99, "max_tokens": 99}, 16,
-         {"model": "m", "max_completion_tokens": 16, "max_tokens": 16}),
+        (
+            {"model": "m", "max_completion_tokens": 99},
+            16,
+            {"model": "m", "max_completion_tokens": 16},
+        ),
+        (
+            {"model": "m", "max_completion_tokens": 99, "max_tokens": 99},
+            16,
+            {"model": "m", "max_completion_tokens": 16, "max_tokens": 16},
+        ),
         # Odd values stay odd, for vLLM's 400.
         ({"model": "m", "max_tokens": "x"}, 16, {"model": "m", "max_tokens": "x"}),
         ({"model": "m", "max_tokens": -3}, 16, {"model": "m", "max_tokens": -3}),
@@ -132,8 +140,14 @@ def test_priority_is_the_tenants_and_timeout_is_not_forwarded():
 
 
 def test_every_other_field_is_forwarded_as_it_came():
-    body = {"model": "m", "messages": MSGS, "tools": [{"type": "function"}], "top_k": 3,
-            "response_format": {"type": "json_object"}, "text": "\u00e9\ud800"}
+    body = {
+        "model": "m",
+        "messages": MSGS,
+        "tools": [{"type": "function"}],
+        "top_k": 3,
+        "response_format": {"type": "json_object"},
+        "text": "\u00e9\ud800",
+    }
     assert rewritten(body) == body
 
 
@@ -155,7 +169,7 @@ def test_every_other_field_is_forwarded_as_it_came():
         (b'{"a":' * 100_000, "nested too deeply"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ],
-)  # fmt: skip
+)
 def test_bad_json_body_is_400_not_a_crash(raw, words):
     with pytest.raises(OpenAIError) as ei:
         parse_json_body(raw)
@@ -185,23 +199,39 @@ def test_json_body_object_is_returned():
 
 @pytest.mark.parametrize(
     "status, type_",
-    [(400, "invalid_request_error"), (404, "not_found_error"), (429, "rate_limit_error"),
-     (503, "service_unavailable_error"), (504, "timeout_error"), (599, "server_error")],
-)  # fmt: skip
+    [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (429, "rate_limit_error"),
+        (503, "service_unavailable_error"),
+        (504, "timeout_error"),
+        (599, "server_error"),
+    ],
+)
 def test_error_body_shape(status, type_):
     body = OpenAIError(status, "boom").body()
-    assert body == {"error": {"message": "boom", "type": type_, "param": None,
-                              "code": str(status)}}  # fmt: skip
+    assert body == {"error": {"message": "boom", "type": type_, "param": None, "code": str(status)}}
 
 
 def test_error_pickles_with_all_fields():
     headers = {"Retry-After": "3", "x-ratelimit-remaining-requests": "0"}
-    e = OpenAIError(429, "slow down", param="p", code="rate_limit_exceeded", type="custom",
-                    headers=dict(headers))  # fmt: skip
+    e = OpenAIError(
+        429,
+        "slow down",
+        param="p",
+        code="rate_limit_exceeded",
+        type="custom",
+        headers=dict(headers),
+    )
     e2 = pickle.loads(pickle.dumps(e))
     assert type(e2) is OpenAIError
     assert (e2.status, e2.message, e2.param, e2.code, e2.type) == (
-        429, "slow down", "p", "rate_limit_exceeded", "custom")  # fmt: skip
+        429,
+        "slow down",
+        "p",
+        "rate_limit_exceeded",
+        "custom",
+    )
     assert e2.headers == headers
     assert str(e2) == "slow down"
     assert e2.body() == e.body()

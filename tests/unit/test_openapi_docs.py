@@ -7,15 +7,35 @@ from fastapi import FastAPI, Request
 from serve_app import openapi_docs
 
 ENGINE_DOC = {
-    "paths": {"/v1/chat/completions": {"post": {"requestBody": {"content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}}}}},
-    "components": {"schemas": {
-        "ChatCompletionRequest": {"type": "object", "properties": {
-            "messages": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}},
-            "logprobs": {"type": "boolean"}}},
-        "Message": {"type": "object", "properties": {"role": {"type": "string"}}},
-        "Unrelated": {"type": "object"},
-    }},
+    "paths": {
+        "/v1/chat/completions": {
+            "post": {
+                "requestBody": {
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}
+                        }
+                    }
+                }
+            }
+        }
+    },
+    "components": {
+        "schemas": {
+            "ChatCompletionRequest": {
+                "type": "object",
+                "properties": {
+                    "messages": {
+                        "type": "array",
+                        "items": {"$ref": "#/components/schemas/Message"},
+                    },
+                    "logprobs": {"type": "boolean"},
+                },
+            },
+            "Message": {"type": "object", "properties": {"role": {"type": "string"}}},
+            "Unrelated": {"type": "object"},
+        }
+    },
 }
 
 

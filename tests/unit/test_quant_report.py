@@ -34,24 +34,42 @@ def test_engine_args_per_platform():
 
 
 def row(**kw) -> dict:
-    base = {"run": "m", "quantize": None, "engine_quantization": None,
-            "weight_file_bytes": 269e6, "worker_rss_bytes": 2 * 2**30, "kv_blocks": 364,
-            "kv_tokens": 46592, "tokens_per_s": {"1": 15.3, "32": 461.0}, "perplexity": 24.04,
-            "greedy_agreement": 1.0, "greedy_identical": 10, "greedy_token_ids": [[1]] * 10,
-            "gpu_weight_bytes": None, "gpu_allocated_bytes": None}  # fmt: skip
+    base = {
+        "run": "m",
+        "quantize": None,
+        "engine_quantization": None,
+        "weight_file_bytes": 269e6,
+        "worker_rss_bytes": 2 * 2**30,
+        "kv_blocks": 364,
+        "kv_tokens": 46592,
+        "tokens_per_s": {"1": 15.3, "32": 461.0},
+        "perplexity": 24.04,
+        "greedy_agreement": 1.0,
+        "greedy_identical": 10,
+        "greedy_token_ids": [[1]] * 10,
+        "gpu_weight_bytes": None,
+        "gpu_allocated_bytes": None,
+    }
     return {**base, **kw}
 
 
 def test_cpu_table_shows_worker_rss():
     (header, _, line) = quant_report.table([row()]).splitlines()
     assert "worker RSS" in header and "GPU" not in header
-    assert line == ("| m | bf16 | 269 MB | 2.00 GiB | 364 (46592) | 15.3 | 461 | 24.04 | 100% "
-                    "| 10/10 |")  # fmt: skip
+    assert line == (
+        "| m | bf16 | 269 MB | 2.00 GiB | 364 (46592) | 15.3 | 461 | 24.04 | 100% | 10/10 |"
+    )
 
 
 def test_cuda_table_shows_gpu_memory_and_the_checkpoints_own_quantization():
-    r = row(run="awq", engine_quantization="awq", gpu_weight_bytes=458e6,
-            gpu_allocated_bytes=40 * 2**30, greedy_agreement=0.5, greedy_identical=3)  # fmt: skip
+    r = row(
+        run="awq",
+        engine_quantization="awq",
+        gpu_weight_bytes=458e6,
+        gpu_allocated_bytes=40 * 2**30,
+        greedy_agreement=0.5,
+        greedy_identical=3,
+    )
     (header, sep, line) = quant_report.table([r], platform="cuda").splitlines()
     assert "GPU weights | GPU allocated" in header
     assert header.count("|") == sep.count("|") == line.count("|")
@@ -59,8 +77,9 @@ def test_cuda_table_shows_gpu_memory_and_the_checkpoints_own_quantization():
 
 
 def test_checkpoint_quantization_is_read_from_config_json(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"quantization_config":
-                                                      {"quant_method": "awq"}}))  # fmt: skip
+    (tmp_path / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "awq"}})
+    )
     assert quant_report._checkpoint_quantization(tmp_path) == "awq"
     (tmp_path / "config.json").write_text("{}")
     assert quant_report._checkpoint_quantization(tmp_path) is None
@@ -87,11 +106,12 @@ def test_cuda_script_reports_on_models_of_its_config():
     (config,) = app_configs(CUDA_CONFIG)
     script = CUDA_SCRIPT.read_text()
     assert "CONFIG=bench/configs/quant_cuda.yaml" in script
-    commands = [c.split() for c in script.replace("\\\n", " ").splitlines()
-                if "bench.quant_report" in c]  # fmt: skip
+    commands = [
+        c.split() for c in script.replace("\\\n", " ").splitlines() if "bench.quant_report" in c
+    ]
     assert len(commands) == 2 and all("--platform" in c and "cuda" in c for c in commands)
     named = []
     for tokens in commands:
-        after = tokens[tokens.index("--models") + 1:]
-        named += after[:next(i for i, t in enumerate(after) if t.startswith("--"))]
+        after = tokens[tokens.index("--models") + 1 :]
+        named += after[: next(i for i, t in enumerate(after) if t.startswith("--"))]
     assert sorted(named) == sorted(m.name for m in config.models)  # every model, once

@@ -39,13 +39,19 @@ UNSUPPORTED = [
     ("cuda", 70, "w8a8", None, "auto", ["compute capability 7.0", "CUDA >= 7.5"]),
     ("cuda", 80, None, "fp_quant", "auto", ["fp_quant", "CUDA >= 10.0"]),
     ("cpu", None, "w8a8", "awq", "auto", ["compressed-tensors", "engine.quantization to null"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("platform, capability, quantize, method, kv", SUPPORTED)
 def test_supported_combinations_pass(platform, capability, quantize, method, kv):
-    check_model("m", platform=platform, capability=capability, quantize=quantize,
-                quantization=method, kv_cache_dtype=kv)  # fmt: skip
+    check_model(
+        "m",
+        platform=platform,
+        capability=capability,
+        quantize=quantize,
+        quantization=method,
+        kv_cache_dtype=kv,
+    )
 
 
 @pytest.mark.parametrize("platform, capability, quantize, method, kv, words", UNSUPPORTED)
@@ -53,8 +59,14 @@ def test_unsupported_combinations_fail_naming_model_reason_and_choices(
     platform, capability, quantize, method, kv, words
 ):
     with pytest.raises(QuantizationError) as ei:
-        check_model("my-model", platform=platform, capability=capability, quantize=quantize,
-                    quantization=method, kv_cache_dtype=kv)  # fmt: skip
+        check_model(
+            "my-model",
+            platform=platform,
+            capability=capability,
+            quantize=quantize,
+            quantization=method,
+            kv_cache_dtype=kv,
+        )
     message = str(ei.value)
     assert "model 'my-model'" in message
     for word in words:

@@ -38,8 +38,13 @@ def fake_quantizer(monkeypatch):
 
     def fake(base: Path, out: Path, scheme: str) -> None:
         calls.append((base, scheme))
-        write_fake_model(out, config={"model_type": "llama", "quantization_config": {
-            "quant_method": "compressed-tensors", "scheme": scheme}})  # fmt: skip
+        write_fake_model(
+            out,
+            config={
+                "model_type": "llama",
+                "quantization_config": {"quant_method": "compressed-tensors", "scheme": scheme},
+            },
+        )
 
     monkeypatch.setattr(quantize, "quantize_folder", fake)
     return calls
@@ -80,8 +85,10 @@ def test_a_hub_source_cannot_be_quantized_here(tmp_path, monkeypatch):
 
 
 def test_an_already_quantized_folder_is_not_quantized_again(tmp_path):
-    base = write_fake_model(tmp_path / "awq", config={
-        "model_type": "llama", "quantization_config": {"quant_method": "awq"}})  # fmt: skip
+    base = write_fake_model(
+        tmp_path / "awq",
+        config={"model_type": "llama", "quantization_config": {"quant_method": "awq"}},
+    )
     model = ModelConfig(name="twice", source=str(base), quantize="w4a16")
     with pytest.raises(ModelSourceError, match=r"'twice'.*already quantized.*drop `quantize`"):
         check(model, tmp_path / "cache")
@@ -143,18 +150,28 @@ def test_a_pypi_base_reuses_the_plain_conversion_already_in_the_cache(
     assert len(fake_package) == 1  # the GGUF was converted once, for the bf16 model
     assert fake_quantizer == [(plain, "w8a8"), (plain, "w4a16")]
     marker = json.loads((cache / "int4" / MARKER).read_text())
-    assert marker == {"gguf_name": "m.Q4_1.gguf", "gguf_size": 32, "quantize": "w4a16",
-                      "preset": "W4A16", "group_size": 32, "quantizer": QUANTIZER}  # fmt: skip
+    assert marker == {
+        "gguf_name": "m.Q4_1.gguf",
+        "gguf_size": 32,
+        "quantize": "w4a16",
+        "preset": "W4A16",
+        "group_size": 32,
+        "quantizer": QUANTIZER,
+    }
 
 
-def test_another_quantizer_version_rebuilds_the_variant(tmp_path, fake_package, fake_quantizer,
-                                                        monkeypatch):  # fmt: skip
+def test_another_quantizer_version_rebuilds_the_variant(
+    tmp_path, fake_package, fake_quantizer, monkeypatch
+):
     cache = tmp_path / "cache"
     model = ModelConfig(name="int8", source="pypi:llmserve-fake-q", quantize="w8a8")
     first = resolve(model, cache)
     real_version = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "99.0" if
-                        name == "compressed-tensors" else real_version(name))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.metadata,
+        "version",
+        lambda name: "99.0" if name == "compressed-tensors" else real_version(name),
+    )
     assert resolve(model, cache) == first
     assert len(fake_quantizer) == 2  # quantized again, into the same folder
     assert json.loads((Path(first) / MARKER).read_text())["quantizer"] == "compressed-tensors 99.0"
@@ -185,11 +202,19 @@ def tiny_llama(tmp_path_factory) -> Path:
     vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "hello", "world"])}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-    )  # fmt: skip
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         tie_word_embeddings=True)  # fmt: skip
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

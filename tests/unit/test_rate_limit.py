@@ -8,27 +8,55 @@ import pytest
 
 from serve_app.rate_limit import TenantLimiter, TokenBucket, format_duration
 
-
 # -- TokenBucket ---------------------------------------------------------------------
 
 # (capacity, refill_per_s, [(now_s, amount, allowed, remaining after)])
 REFILL_CASES = {
     "starts full, drains, refills at the rate": (
-        4, 2.0, [(0.0, 4, True, 0.0), (0.0, 1, False, 0.0), (0.5, 1, True, 0.0),
-                 (1.0, 2, False, 1.0), (1.5, 2, True, 0.0)]),
+        4,
+        2.0,
+        [
+            (0.0, 4, True, 0.0),
+            (0.0, 1, False, 0.0),
+            (0.5, 1, True, 0.0),
+            (1.0, 2, False, 1.0),
+            (1.5, 2, True, 0.0),
+        ],
+    ),
     "refill stops at capacity": (
-        3, 1.0, [(0.0, 3, True, 0.0), (100.0, 3, True, 0.0), (100.0, 1, False, 0.0)]),
+        3,
+        1.0,
+        [(0.0, 3, True, 0.0), (100.0, 3, True, 0.0), (100.0, 1, False, 0.0)],
+    ),
     "burst: capacity taken at once, then only the rate": (
-        5, 1.0, [(0.0, 1, True, 4.0), (0.0, 1, True, 3.0), (0.0, 1, True, 2.0),
-                 (0.0, 1, True, 1.0), (0.0, 1, True, 0.0), (0.0, 1, False, 0.0),
-                 (0.999, 1, False, 0.999), (1.0, 1, True, 0.0)]),
+        5,
+        1.0,
+        [
+            (0.0, 1, True, 4.0),
+            (0.0, 1, True, 3.0),
+            (0.0, 1, True, 2.0),
+            (0.0, 1, True, 1.0),
+            (0.0, 1, True, 0.0),
+            (0.0, 1, False, 0.0),
+            (0.999, 1, False, 0.999),
+            (1.0, 1, True, 0.0),
+        ],
+    ),
     "fractional amounts": (
-        1, 4.0, [(0.0, 0.25, True, 0.75), (0.0, 0.75, True, 0.0), (0.125, 0.5, True, 0.0)]),
+        1,
+        4.0,
+        [(0.0, 0.25, True, 0.75), (0.0, 0.75, True, 0.0), (0.125, 0.5, True, 0.0)],
+    ),
     "clock reading older than the last adds nothing": (
-        2, 1.0, [(10.0, 2, True, 0.0), (9.0, 1, False, 0.0), (10.5, 1, False, 0.5),
-                 (11.0, 1, True, 0.0)]),
+        2,
+        1.0,
+        [(10.0, 2, True, 0.0), (9.0, 1, False, 0.0), (10.5, 1, False, 0.5), (11.0, 1, True, 0.0)],
+    ),
     "a refused take takes nothing": (
-        10, 1.0, [(0.0, 6, True, 4.0), (0.0, 5, False, 4.0), (0.0, 4, True, 0.0)]),
+        10,
+        1.0,
+        [(0.0, 6, True, 4.0), (0.0, 5, False, 4.0), (0.0, 4, True, 0.0)],
+    ),
 }
 
 
@@ -53,7 +81,9 @@ RETRY_CASES = {
 
 @pytest.mark.parametrize(
     "capacity, refill_per_s, first, now_s, amount, retry_after_s, reset_s",
-    RETRY_CASES.values(), ids=RETRY_CASES)
+    RETRY_CASES.values(),
+    ids=RETRY_CASES,
+)
 def test_retry_after_is_exact(capacity, refill_per_s, first, now_s, amount, retry_after_s, reset_s):
     bucket = TokenBucket(capacity, refill_per_s)
     assert bucket.try_take(first, 0.0).allowed
@@ -91,9 +121,14 @@ def test_reset_s_counts_until_full():
     assert bucket.reset_s(5.0) == 0.0
 
 
-@pytest.mark.parametrize("capacity, max_amount, amount", [
-    (10, None, 11), (10, None, 10.5), (10, 20, 21),
-])
+@pytest.mark.parametrize(
+    "capacity, max_amount, amount",
+    [
+        (10, None, 11),
+        (10, None, 10.5),
+        (10, 20, 21),
+    ],
+)
 def test_oversized_take_is_never_admissible(capacity, max_amount, amount):
     bucket = TokenBucket(capacity, 1.0, max_amount=max_amount)
     decision = bucket.try_take(amount, 0.0)
@@ -124,8 +159,9 @@ ADJUST_CASES = {
 }
 
 
-@pytest.mark.parametrize("reserved, correction, balance, retry_after_s",
-                         ADJUST_CASES.values(), ids=ADJUST_CASES)
+@pytest.mark.parametrize(
+    "reserved, correction, balance, retry_after_s", ADJUST_CASES.values(), ids=ADJUST_CASES
+)
 def test_adjust_corrects_reservation(reserved, correction, balance, retry_after_s):
     bucket = TokenBucket(10, 2.0)
     assert bucket.try_take(reserved, 0.0).allowed
@@ -133,10 +169,14 @@ def test_adjust_corrects_reservation(reserved, correction, balance, retry_after_
     assert bucket.peek(1, 0.0).retry_after_s == retry_after_s
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(capacity=0, refill_per_s=1), dict(capacity=1, refill_per_s=0),
-    dict(capacity=10, refill_per_s=1, max_amount=5),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(capacity=0, refill_per_s=1),
+        dict(capacity=1, refill_per_s=0),
+        dict(capacity=10, refill_per_s=1, max_amount=5),
+    ],
+)
 def test_bucket_rejects_bad_parameters(kwargs):
     with pytest.raises(ValueError):
         TokenBucket(**kwargs)
@@ -181,23 +221,47 @@ def test_request_bigger_than_token_limit_is_flagged_not_retried():
 # (limiter kwargs, tokens asked at 0, expected header values after admission)
 HEADER_CASES = {
     "both limits": (
-        dict(requests_per_s=2, max_burst_requests=4, tokens_per_min=600), 100,
-        {"x-ratelimit-limit-requests": "4", "x-ratelimit-remaining-requests": "3",
-         "x-ratelimit-reset-requests": "500ms", "x-ratelimit-limit-tokens": "600",
-         "x-ratelimit-remaining-tokens": "500", "x-ratelimit-reset-tokens": "10s"}),
+        dict(requests_per_s=2, max_burst_requests=4, tokens_per_min=600),
+        100,
+        {
+            "x-ratelimit-limit-requests": "4",
+            "x-ratelimit-remaining-requests": "3",
+            "x-ratelimit-reset-requests": "500ms",
+            "x-ratelimit-limit-tokens": "600",
+            "x-ratelimit-remaining-tokens": "500",
+            "x-ratelimit-reset-tokens": "10s",
+        },
+    ),
     "requests only, burst defaults to the rate": (
-        dict(requests_per_s=5), 10**9,
-        {"x-ratelimit-limit-requests": "5", "x-ratelimit-remaining-requests": "4",
-         "x-ratelimit-reset-requests": "200ms"}),
+        dict(requests_per_s=5),
+        10**9,
+        {
+            "x-ratelimit-limit-requests": "5",
+            "x-ratelimit-remaining-requests": "4",
+            "x-ratelimit-reset-requests": "200ms",
+        },
+    ),
     "tokens only": (
-        dict(requests_per_s=None, tokens_per_min=60_000), 30_000,
-        {"x-ratelimit-limit-tokens": "60000", "x-ratelimit-remaining-tokens": "30000",
-         "x-ratelimit-reset-tokens": "30s"}),
+        dict(requests_per_s=None, tokens_per_min=60_000),
+        30_000,
+        {
+            "x-ratelimit-limit-tokens": "60000",
+            "x-ratelimit-remaining-tokens": "30000",
+            "x-ratelimit-reset-tokens": "30s",
+        },
+    ),
     "shares report the whole-app view": (
-        dict(requests_per_s=2, max_burst_requests=4, tokens_per_min=600, share=0.5), 100,
-        {"x-ratelimit-limit-requests": "4", "x-ratelimit-remaining-requests": "2",
-         "x-ratelimit-reset-requests": "1s", "x-ratelimit-limit-tokens": "600",
-         "x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "20s"}),
+        dict(requests_per_s=2, max_burst_requests=4, tokens_per_min=600, share=0.5),
+        100,
+        {
+            "x-ratelimit-limit-requests": "4",
+            "x-ratelimit-remaining-requests": "2",
+            "x-ratelimit-reset-requests": "1s",
+            "x-ratelimit-limit-tokens": "600",
+            "x-ratelimit-remaining-tokens": "400",
+            "x-ratelimit-reset-tokens": "20s",
+        },
+    ),
 }
 
 
@@ -226,8 +290,14 @@ def test_shares_hold_the_aggregate_rate_across_replicas(num_replicas, spread):
     # A tenant offers 5x its rate, spread over N Router replicas each holding 1/N.
     requests_per_s, max_burst_requests, duration_s = 20.0, 10.0, 60.0
     rng = random.Random(num_replicas)
-    replicas = [TenantLimiter(requests_per_s=requests_per_s, max_burst_requests=max_burst_requests,
-                              share=1 / num_replicas) for _ in range(num_replicas)]
+    replicas = [
+        TenantLimiter(
+            requests_per_s=requests_per_s,
+            max_burst_requests=max_burst_requests,
+            share=1 / num_replicas,
+        )
+        for _ in range(num_replicas)
+    ]
     num_admitted, num_offered = 0, int(5 * requests_per_s * duration_s)
     for i in range(num_offered):
         now_s = i * duration_s / num_offered
@@ -242,8 +312,9 @@ def test_shares_hold_the_aggregate_rate_across_replicas(num_replicas, spread):
 def test_share_smaller_than_one_request_still_admits(num_replicas):
     # burst 1 split 8 ways is 1/8 of a request per replica: it is granted when the
     # slice is full and repaid, rather than flagged as never admissible.
-    limiter = TenantLimiter(requests_per_s=1, max_burst_requests=1, tokens_per_min=1000,
-                            share=1 / num_replicas)
+    limiter = TenantLimiter(
+        requests_per_s=1, max_burst_requests=1, tokens_per_min=1000, share=1 / num_replicas
+    )
     first = limiter.try_admit(1000, 0.0)
     assert first.allowed and not first.exceeds_limit
     refused = limiter.try_admit(1, 0.0)
@@ -261,10 +332,22 @@ def test_share_must_be_a_fraction(share):
         TenantLimiter(requests_per_s=1, share=share)
 
 
-@pytest.mark.parametrize("seconds, text", [
-    (0, "0ms"), (0.0004, "1ms"), (0.02, "20ms"), (0.5, "500ms"), (1, "1s"), (1.5, "1.5s"),
-    (59.999, "59.999s"), (60, "1m0s"), (360, "6m0s"), (61.25, "1m1.25s"), (3600, "1h0m0s"),
-    (3723, "1h2m3s"),
-])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "0ms"),
+        (0.0004, "1ms"),
+        (0.02, "20ms"),
+        (0.5, "500ms"),
+        (1, "1s"),
+        (1.5, "1.5s"),
+        (59.999, "59.999s"),
+        (60, "1m0s"),
+        (360, "6m0s"),
+        (61.25, "1m1.25s"),
+        (3600, "1h0m0s"),
+        (3723, "1h2m3s"),
+    ],
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text

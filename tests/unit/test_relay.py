@@ -39,8 +39,11 @@ def frame(obj) -> bytes:
 
 
 def test_sse_chunks_come_back_whole_however_the_bytes_are_cut():
-    stream = frame({"choices": [{"text": "a"}]}) + frame({"choices": [{"text": "b"}]}) + \
-        b"data: [DONE]\n\n"
+    stream = (
+        frame({"choices": [{"text": "a"}]})
+        + frame({"choices": [{"text": "b"}]})
+        + b"data: [DONE]\n\n"
+    )
     for cut in range(1, len(stream)):
         reader = SseChunks()
         chunks = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
@@ -79,12 +82,22 @@ def streaming_app(num_tokens: int, every_s: float, seen: dict):
             seen["disconnect"] = message["type"] == "http.disconnect"
 
         listener = asyncio.ensure_future(listen())
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"x-other", b"1")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"x-other", b"1")],
+            }
+        )
         try:
             for i in range(num_tokens):
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": frame({"choices": [{"text": f"t{i}"}]})})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "more_body": True,
+                        "body": frame({"choices": [{"text": f"t{i}"}]}),
+                    }
+                )
                 if listener.done():
                     seen["stopped_at"] = i
                     return
@@ -102,8 +115,12 @@ def request(body: bytes = b"{}") -> ReplicaRequest:
 
 async def relay(app, interval_s: float, died: bool = False) -> list:
     call = AsgiCall(app, request())
-    parts = [p async for p in reply_parts(call, Usage(num_completion_tokens=7),
-                                          FlushPolicy(interval_s), "rep-1", lambda: died)]
+    parts = [
+        p
+        async for p in reply_parts(
+            call, Usage(num_completion_tokens=7), FlushPolicy(interval_s), "rep-1", lambda: died
+        )
+    ]
     await call.close()
     return parts
 
@@ -114,7 +131,10 @@ def test_a_reply_crosses_as_head_coalesced_bytes_and_end():
     head, *middle, end = parts
     assert isinstance(head, ReplyHead) and isinstance(end, ReplyEnd)
     assert (head.status, head.headers, head.replica_id) == (
-        200, (("content-type", "text/event-stream"),), "rep-1")  # only what the Router needs
+        200,
+        (("content-type", "text/event-stream"),),
+        "rep-1",
+    )  # only what the Router needs
     assert head.body == frame({"choices": [{"text": "t0"}]})  # the first token, at once
     assert all(isinstance(p, bytes) for p in middle)
     # 40 writes 5 ms apart in 50 ms flushes: about 4 items, not 40.
@@ -146,8 +166,13 @@ def test_closing_the_call_makes_the_app_see_the_client_leave():
 def test_an_engine_dead_before_the_first_token_is_a_refusal_to_retry_elsewhere():
     async def failing_app(scope, receive, send):
         await receive()
-        await send({"type": "http.response.start", "status": 500,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": b'{"error": {"code": 500}}'})
 
     (head,) = asyncio.run(relay(failing_app, 0.05, died=True))

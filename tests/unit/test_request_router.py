@@ -53,9 +53,13 @@ _n = 0
 def request(session_id: str = "", request_id: str | None = None) -> SimpleNamespace:
     global _n
     _n += 1
-    return SimpleNamespace(metadata=SimpleNamespace(
-        session_id=session_id, request_id=request_id or f"req-{_n}",
-        internal_request_id=f"internal-{_n}"))
+    return SimpleNamespace(
+        metadata=SimpleNamespace(
+            session_id=session_id,
+            request_id=request_id or f"req-{_n}",
+            internal_request_id=f"internal-{_n}",
+        )
+    )
 
 
 def llm_router(**kwargs) -> LLMAwareRequestRouter:
@@ -84,17 +88,42 @@ NOW = 1_000_000.0
     [
         ("no stats yet (None)", None, 2, ReplicaLoad("r", 2)),
         ("no stats yet ({})", {}, 0, ReplicaLoad("r", 0)),
-        ("full stats", {"num_running": 3, "num_waiting": 4, "kv_cache_usage": 0.5,
-                        "healthy": True, "timestamp_s": NOW - 2.5}, 1,
-         ReplicaLoad("r", 1, num_waiting=4, num_running=3, kv_cache_usage=0.5, stats_age_s=2.5)),
-        ("unhealthy", {"healthy": False, "timestamp_s": NOW}, 0,
-         ReplicaLoad("r", 0, stats_age_s=0.0, healthy=False)),
-        ("stamp from a clock ahead of ours", {"num_waiting": 1, "timestamp_s": NOW + 3}, 0,
-         ReplicaLoad("r", 0, num_waiting=1, stats_age_s=0.0)),
-        ("stats without a stamp have no age", {"num_waiting": 7}, 0,
-         ReplicaLoad("r", 0, num_waiting=7, stats_age_s=None)),
-        ("old stamp", {"num_waiting": 7, "timestamp_s": NOW - 600}, 5,
-         ReplicaLoad("r", 5, num_waiting=7, stats_age_s=600.0)),
+        (
+            "full stats",
+            {
+                "num_running": 3,
+                "num_waiting": 4,
+                "kv_cache_usage": 0.5,
+                "healthy": True,
+                "timestamp_s": NOW - 2.5,
+            },
+            1,
+            ReplicaLoad("r", 1, num_waiting=4, num_running=3, kv_cache_usage=0.5, stats_age_s=2.5),
+        ),
+        (
+            "unhealthy",
+            {"healthy": False, "timestamp_s": NOW},
+            0,
+            ReplicaLoad("r", 0, stats_age_s=0.0, healthy=False),
+        ),
+        (
+            "stamp from a clock ahead of ours",
+            {"num_waiting": 1, "timestamp_s": NOW + 3},
+            0,
+            ReplicaLoad("r", 0, num_waiting=1, stats_age_s=0.0),
+        ),
+        (
+            "stats without a stamp have no age",
+            {"num_waiting": 7},
+            0,
+            ReplicaLoad("r", 0, num_waiting=7, stats_age_s=None),
+        ),
+        (
+            "old stamp",
+            {"num_waiting": 7, "timestamp_s": NOW - 600},
+            5,
+            ReplicaLoad("r", 5, num_waiting=7, stats_age_s=600.0),
+        ),
     ],
 )
 def test_replica_load(case, stats, in_flight, expected):
@@ -103,9 +132,12 @@ def test_replica_load(case, stats, in_flight, expected):
 
 # -- initialize_state -------------------------------------------------------------------
 
+
 def test_initialize_state_takes_the_kwargs_app_py_passes():
-    router = llm_router(session_affinity=False,
-                        weights={"waiting": 2.0, "kv_cache": 4.0, "max_affinity_score": 10.0})
+    router = llm_router(
+        session_affinity=False,
+        weights={"waiting": 2.0, "kv_cache": 4.0, "max_affinity_score": 10.0},
+    )
     assert router._weights == ScoreWeights(waiting=2.0, kv_cache=4.0, max_affinity_score=10.0)
     assert router._session_affinity is False
     defaults = object.__new__(LLMAwareRequestRouter)
@@ -115,11 +147,15 @@ def test_initialize_state_takes_the_kwargs_app_py_passes():
 
 # -- choose_replicas --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", range(10))
 async def test_first_rank_is_the_policy_choice(seed):
-    candidates = [replica("a", 0.1, num_waiting=3, kv_cache_usage=0.2),
-                  replica("b", 0.1, num_waiting=0, kv_cache_usage=0.9),
-                  replica("c", None), replica("d", 0.1, num_waiting=1)]
+    candidates = [
+        replica("a", 0.1, num_waiting=3, kv_cache_usage=0.2),
+        replica("b", 0.1, num_waiting=0, kv_cache_usage=0.9),
+        replica("c", None),
+        replica("d", 0.1, num_waiting=1),
+    ]
     router = llm_router(seed=seed)
     ranks = await router.choose_replicas(candidates, request())
     loads = [replica_load(r, 0, time.time()) for r in candidates]
@@ -128,8 +164,12 @@ async def test_first_rank_is_the_policy_choice(seed):
 
 
 async def test_fallback_rank_holds_the_other_healthy_replicas_best_first():
-    candidates = [replica("busy", 0.1, num_waiting=9), replica("idle", None),
-                  replica("sick", 0.1, healthy=False), replica("mid", 0.1, num_waiting=4)]
+    candidates = [
+        replica("busy", 0.1, num_waiting=9),
+        replica("idle", None),
+        replica("sick", 0.1, healthy=False),
+        replica("mid", 0.1, num_waiting=4),
+    ]
     router = llm_router()
     for _ in range(20):
         ranks = ids(await router.choose_replicas(candidates, request()))
@@ -156,13 +196,19 @@ async def test_fallback_order_uses_the_in_flight_count():
 async def test_single_replica_has_one_rank():
     router = llm_router()
     assert ids(await router.choose_replicas([replica("a")], request())) == [["a"]]
-    assert ids(await router.choose_replicas([replica("a"), replica("x", 0.1, healthy=False)],
-                                            request())) == [["a"]]
+    assert ids(
+        await router.choose_replicas([replica("a"), replica("x", 0.1, healthy=False)], request())
+    ) == [["a"]]
 
 
-@pytest.mark.parametrize("candidates", [[], [replica("a", 0.1, healthy=False)],
-                                        [replica("a", 0.1, healthy=False),
-                                         replica("b", 60, healthy=False)]])
+@pytest.mark.parametrize(
+    "candidates",
+    [
+        [],
+        [replica("a", 0.1, healthy=False)],
+        [replica("a", 0.1, healthy=False), replica("b", 60, healthy=False)],
+    ],
+)
 async def test_no_healthy_replica_gives_no_ranks(candidates):
     assert await llm_router().choose_replicas(candidates, request()) == []
 
@@ -173,8 +219,11 @@ async def test_works_without_a_pending_request():
 
 
 async def test_unhealthy_replica_is_never_first():
-    candidates = [replica("sick", 0.1, healthy=False), replica("ok1", 0.1, num_waiting=50),
-                  replica("ok2", 0.1, num_waiting=50, kv_cache_usage=1.0)]
+    candidates = [
+        replica("sick", 0.1, healthy=False),
+        replica("ok1", 0.1, num_waiting=50),
+        replica("ok2", 0.1, num_waiting=50, kv_cache_usage=1.0),
+    ]
     router = llm_router()
     for _ in range(50):
         assert ids(await router.choose_replicas(candidates, request()))[0][0] != "sick"
@@ -191,8 +240,9 @@ async def test_decision_is_logged_at_debug_with_request_id_and_candidates():
     rr.logger.addHandler(handler)
     rr.logger.setLevel(logging.DEBUG)
     try:
-        await llm_router().choose_replicas([replica("a"), replica("b", 0.1, num_waiting=2)],
-                                           request(request_id="req-xyz"))
+        await llm_router().choose_replicas(
+            [replica("a"), replica("b", 0.1, num_waiting=2)], request(request_id="req-xyz")
+        )
     finally:
         rr.logger.removeHandler(handler)
         rr.logger.setLevel(old_level)
@@ -202,6 +252,7 @@ async def test_decision_is_logged_at_debug_with_request_id_and_candidates():
 
 
 # -- in-flight accounting ---------------------------------------------------------------
+
 
 async def test_routed_and_completed_move_the_in_flight_count():
     a, b = replica("a"), replica("b")
@@ -282,11 +333,14 @@ async def test_burst_spreads_over_replicas_with_stale_stats():
 
 # -- session affinity -------------------------------------------------------------------
 
+
 async def test_same_session_goes_to_the_same_replica():
     candidates = [replica(u) for u in "abcd"]
     router = llm_router()
-    firsts = {s: ids(await router.choose_replicas(candidates, request(s)))[0][0]
-              for s in (f"s{i}" for i in range(20))}
+    firsts = {
+        s: ids(await router.choose_replicas(candidates, request(s)))[0][0]
+        for s in (f"s{i}" for i in range(20))
+    }
     assert len(set(firsts.values())) > 1  # sessions themselves spread over replicas
     for _ in range(5):
         for s, first in firsts.items():
@@ -359,6 +413,7 @@ async def test_session_table_is_bounded_least_recent_out(monkeypatch):
 
 # -- round robin ------------------------------------------------------------------------
 
+
 async def test_round_robin_cycles_in_a_stable_order():
     a, b, c = replica("a"), replica("b"), replica("c", 0.1, num_waiting=100)
     router = round_robin()
@@ -371,10 +426,14 @@ async def test_round_robin_edge_cases():
     router = round_robin()
     assert await router.choose_replicas([], request()) == []
     only = replica("only")
-    assert [ids(await router.choose_replicas([only], request())) for _ in range(3)] == [[["only"]]] * 3
+    assert [ids(await router.choose_replicas([only], request())) for _ in range(3)] == [
+        [["only"]]
+    ] * 3
     # Replicas added later join the cycle.
-    seen = [ids(await router.choose_replicas([replica("x"), replica("y")], None))[0][0]
-            for _ in range(4)]
+    seen = [
+        ids(await router.choose_replicas([replica("x"), replica("y")], None))[0][0]
+        for _ in range(4)
+    ]
     assert sorted(seen) == ["x", "x", "y", "y"]
 
 

@@ -1,4 +1,5 @@
-"""Power of two choices on LLM-aware replica load (serve_app/routing.py): pure, seeded RNG, no Ray."""
+"""Power of two choices on LLM-aware replica load (serve_app/routing.py): pure, seeded RNG,
+no Ray."""
 
 from __future__ import annotations
 
@@ -13,12 +14,24 @@ from serve_app.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
 W = ScoreWeights()  # waiting 1, kv 8, in_flight 1, stale after 5 s, affinity up to 32
 
 
-def load(replica_id: str, num_in_flight: int = 0, num_waiting: int | None = None,
-         kv_cache_usage: float | None = None, stats_age_s: float | None = 0.5,
-         healthy: bool = True, num_running: int | None = None) -> ReplicaLoad:
-    return ReplicaLoad(replica_id=replica_id, num_in_flight=num_in_flight,
-                       num_waiting=num_waiting, num_running=num_running,
-                       kv_cache_usage=kv_cache_usage, stats_age_s=stats_age_s, healthy=healthy)
+def load(
+    replica_id: str,
+    num_in_flight: int = 0,
+    num_waiting: int | None = None,
+    kv_cache_usage: float | None = None,
+    stats_age_s: float | None = 0.5,
+    healthy: bool = True,
+    num_running: int | None = None,
+) -> ReplicaLoad:
+    return ReplicaLoad(
+        replica_id=replica_id,
+        num_in_flight=num_in_flight,
+        num_waiting=num_waiting,
+        num_running=num_running,
+        kv_cache_usage=kv_cache_usage,
+        stats_age_s=stats_age_s,
+        healthy=healthy,
+    )
 
 
 def chosen_ids(loads, seeds=range(400), **kwargs) -> Counter:
@@ -27,24 +40,46 @@ def chosen_ids(loads, seeds=range(400), **kwargs) -> Counter:
 
 # -- score -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "case, replica, weights, expected",
     [
         ("idle, no stats", load("a", stats_age_s=None), W, 0.0),
         ("in-flight only, no stats yet", load("a", 3, 7, 0.9, stats_age_s=None), W, 3.0),
-        ("fresh stats add waiting and kv", load("a", 2, 4, 0.5, stats_age_s=1.0), W, 2 + 4 + 8 * 0.5),
+        (
+            "fresh stats add waiting and kv",
+            load("a", 2, 4, 0.5, stats_age_s=1.0),
+            W,
+            2 + 4 + 8 * 0.5,
+        ),
         ("age exactly at the limit is fresh", load("a", 2, 4, 0.5, stats_age_s=5.0), W, 10.0),
         ("stale stats ignored", load("a", 2, 4, 0.5, stats_age_s=5.01), W, 2.0),
         ("very stale stats ignored", load("a", 0, 100, 1.0, stats_age_s=3600.0), W, 0.0),
         ("fresh, missing fields count as zero", load("a", 1, None, None, stats_age_s=0.0), W, 1.0),
-        ("num_running is not in the score (in-flight covers it)",
-         load("a", 1, 0, 0.0, num_running=50), W, 1.0),
-        ("custom weights", load("a", 2, 4, 0.5),
-         ScoreWeights(waiting=2.0, kv_cache=10.0, in_flight=0.5), 1 + 8 + 5),
-        ("custom stale_after_s", load("a", 2, 4, 0.5, stats_age_s=1.5),
-         ScoreWeights(stale_after_s=1.0), 2.0),
-        ("zero weights leave only in-flight", load("a", 3, 9, 1.0),
-         ScoreWeights(waiting=0.0, kv_cache=0.0), 3.0),
+        (
+            "num_running is not in the score (in-flight covers it)",
+            load("a", 1, 0, 0.0, num_running=50),
+            W,
+            1.0,
+        ),
+        (
+            "custom weights",
+            load("a", 2, 4, 0.5),
+            ScoreWeights(waiting=2.0, kv_cache=10.0, in_flight=0.5),
+            1 + 8 + 5,
+        ),
+        (
+            "custom stale_after_s",
+            load("a", 2, 4, 0.5, stats_age_s=1.5),
+            ScoreWeights(stale_after_s=1.0),
+            2.0,
+        ),
+        (
+            "zero weights leave only in-flight",
+            load("a", 3, 9, 1.0),
+            ScoreWeights(waiting=0.0, kv_cache=0.0),
+            3.0,
+        ),
     ],
 )
 def test_score(case, replica, weights, expected):
@@ -53,18 +88,27 @@ def test_score(case, replica, weights, expected):
 
 # -- choose: basic outcomes ------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "case, loads, expected_id, expected_reason",
     [
         ("no replicas", [], None, None),
         ("none healthy", [load("a", healthy=False), load("b", healthy=False)], None, None),
         ("one replica", [load("a", 9, 9, 1.0)], "a", "only"),
-        ("one healthy of three", [load("a", healthy=False), load("b", 40, 40, 1.0),
-                                  load("c", healthy=False)], "b", "only"),
+        (
+            "one healthy of three",
+            [load("a", healthy=False), load("b", 40, 40, 1.0), load("c", healthy=False)],
+            "b",
+            "only",
+        ),
         ("two: lower in-flight", [load("a", 3), load("b", 1)], "b", "p2c"),
         ("two: fresh backlog counts", [load("a", 0, 6), load("b", 2, 0)], "b", "p2c"),
-        ("two: stale backlog ignored",
-         [load("a", 0, 6, stats_age_s=60), load("b", 2, 0)], "a", "p2c"),
+        (
+            "two: stale backlog ignored",
+            [load("a", 0, 6, stats_age_s=60), load("b", 2, 0)],
+            "a",
+            "p2c",
+        ),
         ("two: kv usage counts", [load("a", 1, 0, 0.9), load("b", 2, 0, 0.0)], "b", "p2c"),
     ],
 )
@@ -88,7 +132,9 @@ def test_choice_lists_candidates_with_their_scores():
 
 @pytest.mark.parametrize("n", [3, 4, 8])
 def test_p2c_picks_the_lower_score_of_the_two_sampled(n):
-    loads = [load(f"r{i}", num_in_flight=i, num_waiting=2 * i, kv_cache_usage=i / n) for i in range(n)]
+    loads = [
+        load(f"r{i}", num_in_flight=i, num_waiting=2 * i, kv_cache_usage=i / n) for i in range(n)
+    ]
     sampled = Counter()
     for seed in range(300):
         c = choose(loads, random.Random(seed), W)
@@ -110,8 +156,11 @@ def test_never_picks_an_unhealthy_replica(n_unhealthy):
     loads += [load("busy1", 20, 10, 0.9), load("busy2", 30, 10, 0.9)]
     picks = chosen_ids(loads, seeds=range(500), weights=W)
     assert set(picks) <= {"busy1", "busy2"}
-    assert all(cid.startswith("busy") for seed in range(100)
-               for cid, _ in choose(loads, random.Random(seed), W).candidates)
+    assert all(
+        cid.startswith("busy")
+        for seed in range(100)
+        for cid, _ in choose(loads, random.Random(seed), W).candidates
+    )
 
 
 def test_ties_break_at_random_roughly_half_each():
@@ -149,6 +198,7 @@ def test_same_seed_same_choices():
 
 # -- bursts between stats refreshes -----------------------------------------------------
 
+
 def burst(loads: list[ReplicaLoad], n: int, seed: int) -> Counter:
     """Routes n requests in a row, none completing; each choice adds one to that replica's
     in-flight count (what the adapter's on_request_routed does), the stats stay as they are."""
@@ -184,6 +234,7 @@ def test_burst_with_fresh_stats_follows_them_then_evens_out():
 
 
 # -- what the LLM-aware score is for ----------------------------------------------------
+
 
 def test_equal_in_flight_but_engine_backlog_and_full_kv_lose():
     # Ray's default router compares only ongoing-request counts, which are equal here.
@@ -241,8 +292,9 @@ def test_affinity(case, sticky, affinity_id, weights, expect_sticky):
 
 
 def test_affinity_fallback_with_a_single_other_replica_is_only():
-    c = choose([load("a", healthy=False), load("b", 3)], random.Random(0), W,
-               affinity_replica_id="a")
+    c = choose(
+        [load("a", healthy=False), load("b", 3)], random.Random(0), W, affinity_replica_id="a"
+    )
     assert (c.replica_id, c.reason) == ("b", "only")
 
 

@@ -47,5 +47,5 @@ def test_make_serve_starts_ray_with_token_auth_on_loopback():
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in cluster_env(single_machine=False)
     makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
-    serve = makefile[makefile.index("\nserve:"):].split("\n\n")[0]
+    serve = makefile[makefile.index("\nserve:") :].split("\n\n")[0]
     assert "llmserve ray-env" in serve and serve.index("ray-env") < serve.index("ray start")

@@ -45,6 +45,7 @@ def daily():
 
 # -- the model -------------------------------------------------------------------------
 
+
 def test_deterministic_for_a_seed():
     trace = spike_trace(spike_s=300, after_s=300)
     a, b = simulate(trace, seed=7), simulate(trace, seed=7)
@@ -136,15 +137,23 @@ def test_fixed_baseline_is_the_fewest_replicas_meeting_the_objective_at_peak():
     assert meets_ttft(simulate(trace, fixed_replicas=n - 1, arrival_s=arr), MODEL) < TTFT_OBJECTIVE
 
 
-@pytest.mark.parametrize("targets, expected", [
-    ([3, 3, 3], 0), ([1, 2, 3, 4], 0), ([4, 3, 2], 0), ([1, 3, 3, 2], 1),
-    ([1, 2, 1, 2, 1], 3), ([2, 4, 4, 4, 3, 3, 1, 5], 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "targets, expected",
+    [
+        ([3, 3, 3], 0),
+        ([1, 2, 3, 4], 0),
+        ([4, 3, 2], 0),
+        ([1, 3, 3, 2], 1),
+        ([1, 2, 1, 2, 1], 3),
+        ([2, 4, 4, 4, 3, 3, 1, 5], 2),
+    ],
+)
 def test_direction_changes(targets, expected):
     assert direction_changes(np.array(targets)) == expected
 
 
 # -- the acceptance check --------------------------------------------------------------
+
 
 def test_daily_trace_meets_the_issue_targets(daily):
     fig, _ = daily

@@ -23,22 +23,31 @@ M = "smollm2-135m-instruct"
 R = 'application="llmserve",deployment="Router",replica="r1"'
 
 
-def exposition(ttft: list[int], tokens: float, queue: float = 2, in_flight: float = 5,
-               replicas: int = 2) -> str:  # fmt: skip
+def exposition(
+    ttft: list[int], tokens: float, queue: float = 2, in_flight: float = 5, replicas: int = 2
+) -> str:
     """Ray-like text: two Router label sets (tenants), two Serve replicas, one 'unknown' model."""
     bounds = ["0.1", "0.25", "0.5", "1.0", "+Inf"]
-    lines = ["# HELP ray_llmserve_ttft_seconds Time to first token at the Router.",
-             "# TYPE ray_llmserve_ttft_seconds histogram"]  # fmt: skip
+    lines = [
+        "# HELP ray_llmserve_ttft_seconds Time to first token at the Router.",
+        "# TYPE ray_llmserve_ttft_seconds histogram",
+    ]
     for tenant, share in (("a", 1), ("b", 0)):
         cum = 0
         for le, n in zip(bounds, ttft):
             cum += n * share
-            lines.append(f'ray_llmserve_ttft_seconds_bucket{{{R},le="{le}",model="{M}",'
-                         f'priority="standard",tenant="{tenant}"}} {cum}')  # fmt: skip
-        lines.append(f'ray_llmserve_ttft_seconds_count{{{R},model="{M}",priority="standard",'
-                     f'tenant="{tenant}"}} {cum}')  # fmt: skip
-        lines.append(f'ray_llmserve_ttft_seconds_sum{{{R},model="{M}",priority="standard",'
-                     f'tenant="{tenant}"}} 1.5')  # fmt: skip
+            lines.append(
+                f'ray_llmserve_ttft_seconds_bucket{{{R},le="{le}",model="{M}",'
+                f'priority="standard",tenant="{tenant}"}} {cum}'
+            )
+        lines.append(
+            f'ray_llmserve_ttft_seconds_count{{{R},model="{M}",priority="standard",'
+            f'tenant="{tenant}"}} {cum}'
+        )
+        lines.append(
+            f'ray_llmserve_ttft_seconds_sum{{{R},model="{M}",priority="standard",'
+            f'tenant="{tenant}"}} 1.5'
+        )
     lines += [
         "# HELP ray_llmserve_generation_tokens_total Generated tokens.",
         "# TYPE ray_llmserve_generation_tokens_total counter",
@@ -57,8 +66,10 @@ def exposition(ttft: list[int], tokens: float, queue: float = 2, in_flight: floa
         "# TYPE ray_serve_deployment_replica_healthy gauge",
     ]
     for i in range(replicas):
-        lines.append('ray_serve_deployment_replica_healthy{application="llmserve",'
-                     f'deployment="llm-{M}",replica="x{i}"}} 1')  # fmt: skip
+        lines.append(
+            'ray_serve_deployment_replica_healthy{application="llmserve",'
+            f'deployment="llm-{M}",replica="x{i}"}} 1'
+        )
     lines += [
         'ray_serve_deployment_replica_healthy{application="llmserve",deployment="llm-tiny",'
         'replica="t0"} 1',
@@ -94,10 +105,12 @@ def test_parse_models_sums_nodes():
 
 
 def test_parse_models_matches_sanitised_deployment_names():
-    text = ('# TYPE ray_llmserve_in_flight gauge\n'
-            'ray_llmserve_in_flight{model="org:m-v1"} 1\n'
-            '# TYPE ray_serve_deployment_replica_healthy gauge\n'
-            'ray_serve_deployment_replica_healthy{deployment="llm-org_m-v1"} 3\n')  # fmt: skip
+    text = (
+        "# TYPE ray_llmserve_in_flight gauge\n"
+        'ray_llmserve_in_flight{model="org:m-v1"} 1\n'
+        "# TYPE ray_serve_deployment_replica_healthy gauge\n"
+        'ray_serve_deployment_replica_healthy{deployment="llm-org_m-v1"} 3\n'
+    )
     assert parse_models([text]) == {"org:m-v1": ModelMetrics(replicas=3, in_flight=1)}
 
 
@@ -180,8 +193,17 @@ def test_render_table():
     text = render(model_rows(a, b), "HEADER")
     lines = text.splitlines()
     assert lines[0] == "HEADER"
-    assert lines[2].split() == ["model", "replicas", "queue", "in-flight", "TTFT", "p50", "TTFT",
-                                "p99", "tokens/s"]  # fmt: skip
+    assert lines[2].split() == [
+        "model",
+        "replicas",
+        "queue",
+        "in-flight",
+        "TTFT",
+        "p50",
+        "TTFT",
+        "p99",
+        "tokens/s",
+    ]
     row = next(line for line in lines if line.startswith(M)).split()
     assert row == [M, "2", "2", "5/16", "175", "ms", "248", "ms", "35.0"]
     tiny = next(line for line in lines if line.startswith("tiny")).split()
@@ -201,7 +223,9 @@ def test_with_router_models_fills_models_without_metrics():
 
 def test_router_health():
     assert status.router_health(lambda u: {"status": "ok", "models": {"m": {}}}, "http://h/") == (
-        "ok", {"m": {}})  # fmt: skip
+        "ok",
+        {"m": {}},
+    )
 
     def down(url):
         raise ConnectionError(url)
@@ -239,8 +263,21 @@ def test_cli_status_once_against_fake_endpoints(monkeypatch):
     monkeypatch.setattr(httpx, "Client", FakeClient)
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
-    assert cli.main(["status", "--url", "http://app", "--metrics-url", "http://n1/metrics",
-                     "--interval", "0.01", "--once"]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "status",
+                "--url",
+                "http://app",
+                "--metrics-url",
+                "http://n1/metrics",
+                "--interval",
+                "0.01",
+                "--once",
+            ]
+        )
+        == 0
+    )
     text = out.getvalue()
     assert "router http://app: ok" in text
     row = next(line for line in text.splitlines() if line.startswith(M)).split()
@@ -252,7 +289,17 @@ def test_cli_status_once_against_fake_endpoints(monkeypatch):
 def test_cli_status_reports_unreachable_metrics(monkeypatch):
     out = io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
-    rc = cli.main(["status", "--url", "http://127.0.0.1:9", "--metrics-url",
-                   "http://127.0.0.1:9/metrics", "--interval", "0.01", "--once"])  # fmt: skip
+    rc = cli.main(
+        [
+            "status",
+            "--url",
+            "http://127.0.0.1:9",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+            "--interval",
+            "0.01",
+            "--once",
+        ]
+    )
     assert rc == 1
     assert "unreachable" in out.getvalue()

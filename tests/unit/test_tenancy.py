@@ -15,12 +15,14 @@ KEY_ENV = "sk-from-env-2222"
 
 
 def app_config(*tenants: dict, anonymous_tenant: str | None = "anonymous", **top) -> AppConfig:
-    return AppConfig.model_validate({
-        "models": [{"name": "m1", "source": "org/m1"}, {"name": "m2", "source": "org/m2"}],
-        "tenants": list(tenants),
-        "admission": {"anonymous_tenant": anonymous_tenant},
-        **top,
-    })  # fmt: skip
+    return AppConfig.model_validate(
+        {
+            "models": [{"name": "m1", "source": "org/m1"}, {"name": "m2", "source": "org/m2"}],
+            "tenants": list(tenants),
+            "admission": {"anonymous_tenant": anonymous_tenant},
+            **top,
+        }
+    )
 
 
 def directory(*, anonymous: bool = True, environ: dict[str, str] | None = None) -> TenantDirectory:
@@ -100,8 +102,9 @@ def test_a_key_given_as_its_digest_authenticates():
     import hashlib
 
     digest = hashlib.sha256(KEY_B.encode()).hexdigest()
-    d = TenantDirectory(app_config({"name": "b", "api_key_sha256": [digest.upper()]},
-                                   anonymous_tenant=None), {})  # fmt: skip
+    d = TenantDirectory(
+        app_config({"name": "b", "api_key_sha256": [digest.upper()]}, anonymous_tenant=None), {}
+    )
     assert d.authenticate(f"Bearer {KEY_B}").name == "b"
     with pytest.raises(ValidationError, match="64 hex digits"):
         app_config({"name": "b", "api_key_sha256": ["abc"]}, anonymous_tenant=None)
@@ -210,8 +213,11 @@ def test_max_tokens_over_the_cap_is_refused_when_the_tenant_says_reject():
     t = tenant(max_tokens_cap=512, max_tokens_over_cap="reject")
     with pytest.raises(OpenAIError) as e:
         request_terms(t, "m1", 513, None, 256)
-    assert (e.value.status, e.value.param, e.value.code) == (400, "max_tokens",
-                                                              "max_tokens_above_limit")
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400,
+        "max_tokens",
+        "max_tokens_above_limit",
+    )
 
 
 # (default_timeout_s, max_timeout_s, asked) -> timeout_s
@@ -308,22 +314,33 @@ NO_ANON = {"anonymous_tenant": None}
         ([{"name": "a", "rate_limits": {"requests_per_s": 0}}], NO_ANON, "greater than 0"),
         ([{"name": "a", "max_concurrent_requests": 0}], NO_ANON, "greater than 0"),
         ([{"name": "a", "api_key": KEY_A}], NO_ANON, "Extra inputs"),  # typo
-        ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"bulk": 60}},
-         r"unknown classes \['bulk'\]"),
+        (
+            [{"name": "a"}],
+            {**NO_ANON, "max_queue_wait_s_by_class": {"bulk": 60}},
+            r"unknown classes \['bulk'\]",
+        ),
         ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"batch": 0}}, "greater than 0"),
         ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s": "inf"}, "finite"),
-        ([{"name": "a"}], {**NO_ANON, "priority_levels": {"gold": 0, "silver": 0},
-                           "max_queue_wait_s_by_class": {"gold": 5, "silver": 9}},
-         "classes of level 0 must have the same bound"),
+        (
+            [{"name": "a"}],
+            {
+                **NO_ANON,
+                "priority_levels": {"gold": 0, "silver": 0},
+                "max_queue_wait_s_by_class": {"gold": 5, "silver": 9},
+            },
+            "classes of level 0 must have the same bound",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_tenant_config_is_refused_with_a_clear_message(tenants, admission, message):
     with pytest.raises(ValidationError, match=message):
-        AppConfig.model_validate({
-            "models": [{"name": "m1", "source": "org/m1"}],
-            "tenants": tenants,
-            "admission": admission,
-        })  # fmt: skip
+        AppConfig.model_validate(
+            {
+                "models": [{"name": "m1", "source": "org/m1"}],
+                "tenants": tenants,
+                "admission": admission,
+            }
+        )
 
 
 @pytest.mark.parametrize(
@@ -338,10 +355,12 @@ def test_bad_tenant_config_is_refused_with_a_clear_message(tenants, admission, m
         ([{"name": "a", "models": ["m1"], "api_key_env": ["A_KEY"]}], NO_ANON),
         ([{"name": "a"}], {**NO_ANON, "max_queue_wait_s_by_class": {"batch": 60}}),
     ],
-)  # fmt: skip
+)
 def test_good_tenant_config_is_accepted(tenants, admission):
-    AppConfig.model_validate({
-        "models": [{"name": "m1", "source": "org/m1"}],
-        "tenants": tenants,
-        "admission": admission,
-    })  # fmt: skip
+    AppConfig.model_validate(
+        {
+            "models": [{"name": "m1", "source": "org/m1"}],
+            "tenants": tenants,
+            "admission": admission,
+        }
+    )

@@ -33,8 +33,9 @@ async def stream(request):
 
 
 async def fail(request):
-    return JSONResponse({"error": {"message": "nope"}}, status_code=503,
-                        headers={"Retry-After": "1"})  # fmt: skip
+    return JSONResponse(
+        {"error": {"message": "nope"}}, status_code=503, headers={"Retry-After": "1"}
+    )
 
 
 def make_app(outer: list[Middleware] | None = None) -> Starlette:
@@ -60,8 +61,9 @@ def parse_traceparent(value: str) -> tuple[str, str, str]:
 # ------------------------------------------------------------------------------- traceparent
 
 
-@pytest.mark.parametrize("path, status", [("/whoami", 200), ("/stream", 200), ("/fail", 503),
-                                          ("/no-such-route", 404)])  # fmt: skip
+@pytest.mark.parametrize(
+    "path, status", [("/whoami", 200), ("/stream", 200), ("/fail", 503), ("/no-such-route", 404)]
+)
 def test_every_response_has_one_valid_traceparent(client, path, status):
     r = client.get(path)
     assert r.status_code == status
@@ -113,9 +115,10 @@ def test_request_without_id_gets_one(client):
 
 
 def test_ids_differ_between_requests(client):
-    assert client.get("/whoami").headers["x-request-id"] != client.get("/whoami").headers[
-        "x-request-id"
-    ]
+    assert (
+        client.get("/whoami").headers["x-request-id"]
+        != client.get("/whoami").headers["x-request-id"]
+    )
 
 
 def test_streaming_and_error_responses_get_an_id_too(client):
@@ -194,8 +197,11 @@ def test_lifespan_still_reaches_the_app():
         started.append(True)
         yield
 
-    app = Starlette(routes=[Route("/whoami", whoami)], lifespan=lifespan,
-                    middleware=[Middleware(RequestIdentityMiddleware)])  # fmt: skip
+    app = Starlette(
+        routes=[Route("/whoami", whoami)],
+        lifespan=lifespan,
+        middleware=[Middleware(RequestIdentityMiddleware)],
+    )
     with TestClient(app) as c:
         assert c.get("/whoami").status_code == 200
     assert started == [True]

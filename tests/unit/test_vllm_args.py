@@ -15,11 +15,18 @@ def model(**kw) -> ModelConfig:
 
 
 def test_engine_args_and_server_flags_become_vllm_serve_flags():
-    m = model(engine={"dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": True,
-                      "enable_prefix_caching": False, "cpu_kv_cache_space_gib": 2,
-                      "extra": {"structured_outputs_config": {"backend": "xgrammar"}}},
-              server={"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
-              max_tokens_default=64)
+    m = model(
+        engine={
+            "dtype": "bfloat16",
+            "max_model_len": 2048,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "cpu_kv_cache_space_gib": 2,
+            "extra": {"structured_outputs_config": {"backend": "xgrammar"}},
+        },
+        server={"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
+        max_tokens_default=64,
+    )
     run = launch(m, "/models/m")
     argv = run.argv
     assert argv[:4] == ["--model", "/models/m", "--served-model-name", "m"]
@@ -46,8 +53,22 @@ def test_server_extra_may_not_repeat_a_typed_flag():
 
 
 def test_flags_table():
-    assert flags({"dtype": "bfloat16", "max_num_seqs": 32, "enforce_eager": True,
-                  "enable_prefix_caching": False, "quantization": None,
-                  "override_generation_config": {"a": 1}}) == [
-        "--dtype", "bfloat16", "--max-num-seqs", "32", "--enforce-eager",
-        "--no-enable-prefix-caching", "--override-generation-config", '{"a": 1}']
+    assert flags(
+        {
+            "dtype": "bfloat16",
+            "max_num_seqs": 32,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "quantization": None,
+            "override_generation_config": {"a": 1},
+        }
+    ) == [
+        "--dtype",
+        "bfloat16",
+        "--max-num-seqs",
+        "32",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--override-generation-config",
+        '{"a": 1}',
+    ]
