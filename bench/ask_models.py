@@ -14,6 +14,7 @@ GPU deployment; it works the same against `make serve`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -55,7 +56,11 @@ def ask(client: openai.OpenAI, model: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--api-key", default="none", help="a tenant's key; `none` = anonymous")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("LLMSERVE_API_KEY"),
+        help="a tenant's key (default $LLMSERVE_API_KEY; none: anonymous, where the app allows it)",
+    )
     parser.add_argument("--models", nargs="*", help="default: every model /v1/models lists")
     parser.add_argument("--wait-s", type=float, default=300.0, help="how long to wait for /readyz")
     parser.add_argument(
@@ -63,8 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     wait_ready(args.url, args.wait_s)
+    # No key: no Authorization header at all (the SDK would send a bearer of its own).
+    no_key = {} if args.api_key else {"Authorization": ""}
     client = openai.OpenAI(
-        base_url=f"{args.url}/v1", api_key=args.api_key, max_retries=0, timeout=args.timeout_s
+        base_url=f"{args.url}/v1",
+        api_key=args.api_key or "none",
+        default_headers=no_key,
+        max_retries=0,
+        timeout=args.timeout_s,
     )
     models = args.models or [m.id for m in client.models.list().data]
     failed = []

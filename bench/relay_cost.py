@@ -3,7 +3,7 @@
     python -m bench.relay_cost                       # this tree beside the commit before
     python -m bench.relay_cost --streams 64 256 --seconds 30 --base 075fb12
 
-A simulated engine (deployments/sim_engine.py, frames that cost next to nothing to make)
+A simulated engine (deployments/engine/sim_engine.py, frames that cost next to nothing to make)
 produces tokens as fast as a GPU does (`--rate` per stream, default 50 tokens/s) for `--streams`
 concurrent streams; a cheap raw-socket client reads them through the whole HTTP path (Serve's
 proxy, the Router, the LLMServer replica). For every system the CPU of each process is taken over

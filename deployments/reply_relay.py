@@ -18,12 +18,15 @@ from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.admission_gate import Gate, Ticket
-from deployments.request_path import OpenReply, outcome_of, sse_error
+from deployments.request_path import DONE_FRAME, OpenReply, outcome_of, sse_error
 from serve_app.openai_protocol import OpenAIError
 from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 
 logger = logging.getLogger("ray.serve")
 UNAVAILABLE = "the model is unavailable; retry shortly"
+ENGINE_FAILED = OpenAIError(
+    503, "the model's engine failed during generation; retry", headers={"Retry-After": "1"}
+)
 
 
 class ReplyRelay:
@@ -154,10 +157,16 @@ class ReplyRelay:
 
     async def sse(self, r: OpenReply) -> AsyncIterator[bytes]:
         outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
+        tail = b""
         try:
             async for part in self.parts(r):
+                tail = (tail + part)[-len(DONE_FRAME) :]
                 yield part
-            outcome = ("ok", "") if not r.end.failed else ("500", "engine_error")
+            outcome = ("ok", "")
+            if r.end.failed:
+                outcome = ("503", "engine_error")
+                if tail != DONE_FRAME:  # the engine died without its own error chunk: ours
+                    yield sse_error(ENGINE_FAILED)
         except OpenAIError as e:
             outcome = outcome_of(e)
             yield sse_error(e)

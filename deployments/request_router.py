@@ -1,7 +1,8 @@
 """Ray Serve request routers for the LLMServer deployments (Ray's RequestRouterConfig hook).
 
 `LLMAwareRequestRouter` gathers each replica's load (its published routing stats plus this
-router's own in-flight count) and asks the pure policy in serve_app/routing.py for a replica.
+router's own in-flight count) and asks the pure policy in serve_app/policies/routing.py for a
+replica.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
 Ray's base class does the rest: FIFO order, retries with backoff, dropping dead replicas.
 """
@@ -23,7 +24,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from serve_app.routing import ReplicaLoad, ScoreWeights, choose, score
+from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose, score
 
 logger = logging.getLogger("ray.serve")
 MAX_SESSIONS = 10_000

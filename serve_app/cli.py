@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from serve_app import memory_plan as mp
 from serve_app import model_source
 from serve_app.config import AppConfig, EngineConfig
+from serve_app.policies import memory_plan as mp
 
 
 def app_configs(path: Path) -> list[AppConfig]:

@@ -60,6 +60,10 @@ def cluster_env(port_base: int | None = None, single_machine: bool = True) -> di
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(WRAPPER),
         "LLMSERVE_HAPROXY_REAL": _bundled_haproxy(),
+        # A Router replica that dies holding requests it had not answered yet: HAProxy sends
+        # them to another (Ray's default retries only a failed connect). The cost is a second
+        # generation of a request whose first one died with its Router.
+        "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
         # One log line is one write, as outside the optimized mode: its default buffer of 1000
         # lines would hold a quiet Router's access log back for minutes.
         "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",

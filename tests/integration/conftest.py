@@ -119,6 +119,10 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     return {DEFAULT: default_dir, TINY: tiny_dir, INT8: int8_dir}
 
 
+# A test app that lets requests without a key in (as the local demo config does): for tests
+# about routing, scaling or engines, not about keys.
+OPEN_ACCESS = {"admission": {"anonymous_tenant": "anonymous"}, "tenants": [{"name": "anonymous"}]}
+
 KEYS = {
     "interactive": "sk-test-interactive-0001",
     "batch": "sk-test-batch-0001",

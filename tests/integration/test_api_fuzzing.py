@@ -77,6 +77,57 @@ DEPLOYMENT_LIMITS = {
 }
 
 
+# What a within-limits body may carry: the common fields. Drawn from all of vLLM's ~70 optional
+# fields, nearly every body holds one that vLLM refuses in that combination (a tool choice with no
+# tools, two structured-output specs, a cache salt with no prefix caching...), and few are served.
+WITHIN_LIMITS_FIELDS = set(
+    """
+    model messages prompt max_tokens max_completion_tokens n temperature top_p top_k min_p seed
+    stop stream presence_penalty frequency_penalty repetition_penalty logprobs top_logprobs
+    echo min_tokens stop_token_ids logit_bias ignore_eos user timeout
+    """.split()
+)
+VOCAB_SIZE = 49152  # the default model's tokenizer, which tiny-llama-random reuses
+TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": VOCAB_SIZE - 1}
+WITHIN_VOCAB = {
+    "stop_token_ids": {
+        "anyOf": [{"type": "array", "maxItems": 4, "items": TOKEN_ID}, {"type": "null"}]
+    },
+    "logit_bias": {
+        "anyOf": [
+            {
+                "type": "object",
+                "maxProperties": 4,
+                "propertyNames": {"pattern": "^[1-9][0-9]{0,3}$"},
+                "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            },
+            {"type": "null"},
+        ]
+    },
+    "prompt": {
+        "anyOf": [
+            {"type": "string", "minLength": 1, "maxLength": 200},
+            {"type": "array", "minItems": 1, "maxItems": 64, "items": TOKEN_ID},
+        ]
+    },
+    "messages": {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 4,
+        "items": {
+            "type": "object",
+            "properties": {
+                "role": {"enum": ["system", "user", "assistant"]},
+                "content": {"type": "string", "minLength": 1, "maxLength": 200},
+            },
+            "required": ["role", "content"],
+            "additionalProperties": False,
+        },
+    },
+    "top_logprobs": _int(0, 5),
+}
+
+
 def request_schema(doc: dict, path: str) -> dict:
     """The (mutable) schema of a route's body in `doc`, following a $ref into components."""
     body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
@@ -87,16 +138,21 @@ def request_schema(doc: dict, path: str) -> dict:
 def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesis.BaseSchema:
     """The served schema with `model` narrowed to one deployed model (a random string only ever
     finds the 404, and the engine paths are where the input reaches vLLM), and optionally to this
-    deployment's limits, with `max_tokens` required and small so that a body runs in a blink."""
+    deployment's limits, with `max_tokens` required and small so that a body runs in a blink,
+    to the common fields, and to token ids in the vocabulary."""
     doc = copy.deepcopy(doc)
     for path in (CHAT, COMPLETIONS):
         body = request_schema(doc, path)
         body["properties"]["model"] = {"type": "string", "enum": [model]}
         body["required"] = sorted({*body.get("required", []), "model"})
         if within_limits:
-            for name, schema in DEPLOYMENT_LIMITS.items():
+            for name, schema in {**DEPLOYMENT_LIMITS, **WITHIN_VOCAB}.items():
                 if name in body["properties"]:
                     body["properties"][name] = schema
+            body["properties"] = {
+                k: v for k, v in body["properties"].items() if k in WITHIN_LIMITS_FIELDS
+            }
+            body["additionalProperties"] = False
             body["required"] = [*body["required"], "max_tokens"]
     return schemathesis.openapi.from_dict(doc)
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from deployments.asgi_call import AsgiCall
-from deployments.vllm_engine import VLLMEngine
+from deployments.engine.asgi_call import AsgiCall
+from deployments.engine.vllm_engine import VLLMEngine
 from serve_app.config import EngineConfig, ModelConfig
 from serve_app.replica_call import COMPLETIONS_PATH, ReplicaRequest
 from tests.integration.conftest import TINY

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from deployments.vllm_engine import VLLMEngine
-from serve_app import memory_plan as mp
+from deployments.engine.vllm_engine import VLLMEngine
 from serve_app.config import EngineConfig, ModelConfig
+from serve_app.policies import memory_plan as mp
 from tests.integration.conftest import DEFAULT
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import DEFAULT, INT8, MAX_BODY_BYTES, TINY, engine_stats
+from tests.integration.conftest import DEFAULT, INT8, KEYS, MAX_BODY_BYTES, TINY, engine_stats
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -20,7 +20,8 @@ TRACEPARENT_RE = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 @pytest.fixture
 def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    # The SDK always sends a key: a tenant's (a wrong one would be a 401).
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEYS["interactive"], max_retries=0)
 
 
 def test_chat_answer_mentions_paris(client):
@@ -173,11 +174,15 @@ def test_server_keeps_serving_after_bad_input(http, client):
 def test_readyz_says_ready_once_every_model_has_a_running_replica(http):
     # The Router learns replica counts every 2 s; the app is up, so it must turn ready.
     deadline = time.monotonic() + 120
-    while (r := http.get("/readyz")).status_code != 200 and time.monotonic() < deadline:
+    key = {"Authorization": f"Bearer {KEYS['interactive']}"}
+    while (r := http.get("/readyz", headers=key)).status_code != 200:
         assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
+        assert time.monotonic() < deadline, r.text
         time.sleep(0.5)
-    assert r.status_code == 200, r.text
-    assert DEFAULT in r.json()["models"]
+    assert DEFAULT in r.json()["models"]  # with a key: the models it may use
+    # Without a key: ready or not, and how many models, never which.
+    anonymous = http.get("/readyz").json()
+    assert anonymous == {"status": "ready", "num_models": 3}, anonymous
 
 
 def test_client_request_id_and_trace_are_continued(http):

@@ -12,18 +12,21 @@ import json
 
 from openai import OpenAI
 
-from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, INT8
+from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, INT8, KEYS
 
 
 def test_int8_variant_is_listed_beside_the_bf16_model(base_url):
-    client = OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+    client = OpenAI(base_url=f"{base_url}/v1", api_key=KEYS["interactive"])
     assert {DEFAULT, INT8} <= {m.id for m in client.models.list()}
 
 
 def test_int8_variant_still_knows_the_capital_of_france(base_url, model_dirs):
     # No retries: they would hide a failure and triple the time it takes to show.
     client = OpenAI(
-        base_url=f"{base_url}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S, max_retries=0
+        base_url=f"{base_url}/v1",
+        api_key=KEYS["interactive"],
+        timeout=CLIENT_TIMEOUT_S,
+        max_retries=0,
     )
     reply = client.chat.completions.create(
         model=INT8,

@@ -17,7 +17,7 @@ import pytest
 from ray import serve
 
 from serve_app.app import build_app
-from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, TINY
+from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 
 # Each test may wait for engines to start (two, in the first): longer than the default limit.
 pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
@@ -29,6 +29,7 @@ POLICIES = ("round_robin", "llm_aware")
 
 def routing_app(model_dirs) -> dict:
     return {
+        **OPEN_ACCESS,
         "http": {"debug_headers": True},
         "models": [
             {
@@ -65,6 +66,7 @@ def sim_pair_app() -> dict:
     """The same pair of replicas on the simulated engine, once per policy: side by side in one
     app, where the real engines would need a rolling redeploy (two engine starts) per policy."""
     return {
+        **OPEN_ACCESS,
         "http": {"debug_headers": True},
         "models": [
             {

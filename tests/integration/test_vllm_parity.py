@@ -22,7 +22,7 @@ import time
 import httpx
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from serve_app.config import ModelConfig
 from serve_app.vllm_args import launch
@@ -46,7 +46,11 @@ MODEL = {
 }
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    # Bounded, so that a sampled answer ends well inside max_tokens.
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
 }
@@ -283,11 +287,11 @@ def test_json_schema_answers_validate_and_sdk_helpers_work(servers):
     client = openai.OpenAI(base_url=f"{platform}/v1", api_key=KEY, max_retries=0)
 
     class Person(BaseModel):
-        name: str
-        age: int
+        name: str = Field(max_length=24)
+        age: int = Field(ge=0, le=150)
 
     parsed = client.chat.completions.parse(
-        model=DEFAULT, messages=HI, response_format=Person, max_tokens=60, temperature=0
+        model=DEFAULT, messages=HI, response_format=Person, max_tokens=200, temperature=0
     )
     person = parsed.choices[0].message.parsed
     assert isinstance(person, Person), parsed.choices[0].message
@@ -296,7 +300,7 @@ def test_json_schema_answers_validate_and_sdk_helpers_work(servers):
         r = client.chat.completions.create(
             model=DEFAULT,
             messages=HI,
-            max_tokens=60,
+            max_tokens=200,
             temperature=1.0,
             seed=seed,
             response_format={
@@ -304,6 +308,7 @@ def test_json_schema_answers_validate_and_sdk_helpers_work(servers):
                 "json_schema": {"name": "person", "schema": PERSON},
             },
         )
+        assert r.choices[0].finish_reason == "stop", r.choices[0]
         Person.model_validate_json(r.choices[0].message.content)
     r = client.chat.completions.create(
         model=DEFAULT,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from serve_app.admission import (
+from serve_app.policies.admission import (
     DEFAULT_PRIORITY_LEVELS,
     AdmissionPolicy,
     Admit,

@@ -189,5 +189,10 @@ def test_the_cluster_runs_with_token_auth_and_keys_from_secrets(cluster):
         env = {e["name"]: e for e in container["env"]}
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llmserve-ray-token"
-        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"]["value"] == "1"
+        # The rest of `llmserve ray-env --cluster`, value for value.
+        from serve_app.ray_env import cluster_env
+
+        wanted = cluster_env(single_machine=False)
+        for key in wanted.keys() - {"RAY_SERVE_HAPROXY_BINARY_PATH", "LLMSERVE_HAPROXY_REAL"}:
+            assert env[key]["value"] == wanted[key], key
         assert {"secretRef": {"name": "llmserve-api-keys"}} in container["envFrom"]

@@ -1,4 +1,4 @@
-"""serve_app/memory_plan.py and `llmserve plan`, against figures worked out by hand.
+"""serve_app/policies/memory_plan.py and `llmserve plan`, against figures worked out by hand.
 
 Every expected number below is a literal with its arithmetic in a comment, so a wrong formula in
 the module cannot agree with itself.
@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from serve_app import cli
-from serve_app import memory_plan as mp
-from serve_app.memory_plan import GiB, ModelShape
+from serve_app.policies import memory_plan as mp
+from serve_app.policies.memory_plan import GiB, ModelShape
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

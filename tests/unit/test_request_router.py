@@ -24,7 +24,7 @@ from deployments.request_router import (  # noqa: E402
     RoundRobinRequestRouter,
     replica_load,
 )
-from serve_app.routing import ReplicaLoad, ScoreWeights, choose  # noqa: E402
+from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The engine seam: the one interface an LLMServer replica drives.
 
 An engine is an OpenAI HTTP server over a generator, in-process: `app` is an ASGI app answering
-the paths in `paths`. `VLLMEngine` (deployments/vllm_engine.py) is vLLM's own server over one
-AsyncLLM and the only module that imports vllm or torch; `SimEngine` (deployments/sim_engine.py)
-simulates one for relay, policy and load tests. The replica knows neither.
+the paths in `paths`. `VLLMEngine` (vllm_engine.py) is vLLM's own server over one AsyncLLM
+and the only module that imports vllm or torch; `SimEngine` (sim_engine.py) simulates
+one for relay, policy and load tests. The replica knows neither.
 
 While an engine answers a request it adds what the request used to `request_usage`, the `Usage`
 the replica set for that request (a context variable: every task the app starts for the request
@@ -16,7 +16,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Protocol
 
-from deployments.asgi_call import ASGIApp
+from deployments.engine.asgi_call import ASGIApp
 from serve_app.replica_call import EngineStats, Usage
 
 request_usage: ContextVar[Usage | None] = ContextVar("request_usage", default=None)

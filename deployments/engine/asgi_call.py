@@ -17,8 +17,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, Usage
-from serve_app.stream_flush import FlushPolicy
 
 logger = logging.getLogger("ray.serve")
 ASGIApp = Callable[
