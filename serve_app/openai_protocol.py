@@ -136,6 +136,11 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 # further); beyond this a number is a mistake, not a deadline.
 MAX_TIMEOUT_S = 86_400.0
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+# Fields vLLM's server uses before it checks their type, answering a 500 where a 400 is due
+# (vLLM 0.32: `"structured_outputs": [1, 2]` -> "'list' object has no attribute 'get'"). The
+# door refuses them as a 400, the one place the platform answers otherwise than `vllm serve`
+# (docs/api.md); tests/integration/test_api_fuzzing.py finds any new one.
+OBJECT_FIELDS = ("structured_outputs",)
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -174,6 +179,9 @@ def read_fields(body: dict[str, Any], max_n: int) -> RequestFields:
         if value is not None and value > 0:
             max_tokens = value
             break
+    for name in OBJECT_FIELDS:
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise OpenAIError(400, f"{name} must be an object", param=name, code="invalid_value")
     n = _int_or_none(body.get("n"))
     n = n if n is not None and n > 0 else 1
     if n > max_n:

@@ -164,13 +164,17 @@ class SimEngine:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is None:
             max_tokens = self._model.max_tokens_default
+        if (
+            isinstance(max_tokens, float) and max_tokens.is_integer()
+        ):  # JSON's 16.0, as vLLM reads it
+            max_tokens = int(max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise _BadRequest("max_tokens must be a positive integer", "max_tokens")
         if num_prompt + max_tokens > self.max_model_len:
             raise _BadRequest(
                 f"maximum context length is {self.max_model_len} tokens", "max_tokens"
             )
-        stream = body.get("stream", False)
+        stream = body.get("stream") or False  # null is "not streamed", as vLLM reads it
         if not isinstance(stream, bool):
             raise _BadRequest("stream must be a boolean", "stream")
         options = body.get("stream_options") or {}

@@ -17,6 +17,7 @@ import copy
 import json
 import math
 import time
+from collections import Counter
 
 import pytest
 import schemathesis
@@ -177,6 +178,7 @@ def fuzz(
     pause_s: float = 0.0,
 ) -> dict[int, int]:
     statuses: dict[int, int] = {}
+    reasons: Counter[str] = Counter()  # printed: why bodies were refused, for the reader
     strategy = schema[path]["POST"].as_strategy(generation_mode=mode)
 
     @settings(
@@ -202,6 +204,7 @@ def fuzz(
         if r.status_code != 200:
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["message"], r.text
+            reasons[f"{r.status_code} {err['message'][:70]}"] += 1
         elif r.headers["content-type"][0].startswith("text/event-stream"):
             # Schemathesis stops reading a stream after 20 events (a disconnect mid-stream).
             events = [e for e in r.text.split("\n\n") if e.strip()]
@@ -215,6 +218,10 @@ def fuzz(
         time.sleep(pause_s)
 
     one()
+    print(
+        f"\n{path} {mode.name.lower()} on {url}: {statuses}; "
+        f"most refused for {reasons.most_common(3)}"
+    )
     return statuses
 
 

@@ -11,6 +11,7 @@ gauges (Ray's metrics export) and /healthz read zero.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections import Counter
@@ -44,6 +45,11 @@ DRAIN_S = 120
 # which must come after the drain is judged, or the drain would pass by the reaping.
 STORM_TIMEOUT_S = SLOW_HOST_DEADLINE_S
 STORM_QUEUE_WAIT_S = 180
+SIM_STEP_S = 0.02
+SIM_TOKENS = 100  # each simulated stream's max_tokens
+# After the last client leaves, the engines hold nothing within this (the status polls every
+# 0.5 s; a loaded host is slow to cancel a few hundred tasks).
+IDLE_WITHIN_S = 5
 
 
 def storm_app() -> dict:
@@ -54,7 +60,7 @@ def storm_app() -> dict:
                 "name": MODEL,
                 "source": "simulated",
                 # 20 ms a step: a 100-token stream lasts about 2 s, long enough to be cut.
-                "simulation": {"step_s": 0.02},
+                "simulation": {"step_s": SIM_STEP_S},
                 "engine": {"max_num_seqs": MAX_NUM_SEQS},
                 "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25},
             }
@@ -208,7 +214,7 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
         )
 
     async def run():
-        task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, 100, seed=9))
+        task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, SIM_TOKENS, seed=9))
         # Mid-storm: the engine full, with waiting lines. Sampled for as long as the storm lasts,
         # since a slow host stretches it and moves its peak.
         while not task.done() and not full():
@@ -251,6 +257,10 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
     )
     assert full(), f"the engine was never full: {busy}"
     assert not any(engine_after.values()), engine_after
+    # Unaborted, the streams would keep the engine busy for the whole of their tokens, waves of
+    # MAX_NUM_SEQS at SIM_STEP_S a token; aborted, it is idle within a small part of that.
+    unaborted_s = math.ceil(NUM_SIM_STREAMS / MAX_NUM_SEQS) * SIM_TOKENS * SIM_STEP_S
+    assert engine_s < IDLE_WITHIN_S < (unaborted_s - storm_s) / 2, (engine_s, storm_s, unaborted_s)
     assert len(router_after) == 4, router_after  # in-flight and queue of each of 2 replicas
     assert not any(router_after.values()), router_after
     reaped_s = reaped_after_s(storm_app())
@@ -303,6 +313,9 @@ def test_dropped_streams_on_the_real_engine_free_its_kv_cache(base_url, model_di
         f"{exported_s + 4:.1f} s after that"
     )
     assert not any(engine_after.values()), engine_after
+    # 40 streams of 300 tokens would keep the tiny engine busy for a minute or more; aborted,
+    # it is idle within a few seconds of the last client leaving.
+    assert engine_s < 2 * IDLE_WITHIN_S, engine_s
     assert not any(router_after.values()), router_after
     assert exported_after and not any(exported_after.values()), exported_after
     reaped_s = reaped_after_s(app_args(model_dirs))

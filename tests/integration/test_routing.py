@@ -198,25 +198,37 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
 
 
 def test_non_streaming_disconnect_aborts_engine_request(url):
+    """A client that stops waiting for a non-streamed answer ends its engine request: both
+    replicas are idle well before the request would have finished by itself."""
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
+    body = {"model": NAME, "prompt": "Count", "ignore_eos": True}
+    t0 = time.monotonic()
+    r = httpx.post(f"{url}/v1/completions", timeout=60, json={**body, "max_tokens": 100})
+    assert r.status_code == 200, r.text
+    natural_s = (time.monotonic() - t0) * 9  # 900 tokens at this host's pace, one at a time
+    client_timeout_s = 1.5
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
-            f"{url}/v1/completions",
-            timeout=1.5,
-            json={"model": NAME, "prompt": "Count", "max_tokens": 900, "ignore_eos": True},
+            f"{url}/v1/completions", timeout=client_timeout_s, json={**body, "max_tokens": 900}
         )
-    # Both replicas must be idle within seconds (ask several times: each call hits one of them);
-    # 30 s leaves room for a loaded host, and is still far short of the 900 tokens' run.
-    deadline = time.monotonic() + 30
+    left = time.monotonic()
+    # Unaborted, the engine would still run for `natural_s - client_timeout_s`; aborted, it is
+    # idle within a third of that (ask several times: each call hits one of the replicas).
+    bound_s = (natural_s - client_timeout_s) / 3
+    assert bound_s >= 2, f"900 tokens take {natural_s:.1f} s here: too fast to tell an abort"
     busy: dict[str, int] = defaultdict(int)
-    while time.monotonic() < deadline:
+    while time.monotonic() - left < bound_s:
         for _ in range(6):
             s = handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S)
             busy[s.extra["replica_id"]] = s.num_unfinished
         if len(busy) == 2 and not any(busy.values()):
             break
-        time.sleep(0.3)
-    print(f"\nafter the client left: unfinished per replica {dict(busy)}")
+        time.sleep(0.2)
+    idle_s = time.monotonic() - left
+    print(
+        f"\nafter the client left: idle in {idle_s:.1f} s (bound {bound_s:.1f} s; unaborted "
+        f"{natural_s - client_timeout_s:.1f} s more); unfinished per replica {dict(busy)}"
+    )
     assert len(busy) == 2 and not any(busy.values())
 
 

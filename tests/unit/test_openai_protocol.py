@@ -54,6 +54,8 @@ def refusal(body: dict) -> OpenAIError:
         ({"max_tokens": -5}, RequestFields("m", None, 1, None)),
         ({"n": "x"}, RequestFields("m", None, 1, None)),
         ({"n": 0}, RequestFields("m", None, 1, None)),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, RequestFields("m", None, 1, None)),
+        ({"structured_outputs": None}, RequestFields("m", None, 1, None)),
     ],
 )
 def test_fields_admission_reads(body, expected):
@@ -76,6 +78,10 @@ def test_fields_admission_reads(body, expected):
         ({"model": "m", "timeout": MAX_TIMEOUT_S + 1}, "timeout"),
         # 400 digits: float() of it overflowed into a 500 once.
         ({"model": "m", "timeout": int("9" * 400)}, "timeout"),
+        # vLLM 0.32 answers these with a 500 ("'list' object has no attribute 'get'").
+        ({"model": "m", "structured_outputs": [1, 2]}, "structured_outputs"),
+        ({"model": "m", "structured_outputs": "json"}, "structured_outputs"),
+        ({"model": "m", "structured_outputs": 12}, "structured_outputs"),
     ],
 )
 def test_platform_fields_with_odd_values_are_400s(body, param):
