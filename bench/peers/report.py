@@ -110,6 +110,9 @@ def _sweep_section(r: dict[str, Any]) -> list[str]:
     return [
         "## (a) Concurrency sweep (closed loop)",
         "",
+        "Throughput at equal served work: llmserve's sweep tenant waits in its queue as long as "
+        "the loop needs, so a row with requests not completed is not a fair comparison.",
+        "",
         *_table(r, ["concurrency", "metric"], rows),
         "",
     ]

@@ -85,7 +85,7 @@ async def sweep(base_url: str, model: Model, w: Workload, log: Path) -> list[dic
             w,
             num_prompts=w.prompts_at(c),
             max_concurrency=c,
-            api_key=TENANTS.standard,
+            api_key=TENANTS.sweep,
         )
         agg, reqs = await run_bench(args, log)
         rows.append(

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from serve_app.admission_config import AdmissionConfig
 from serve_app.config import DEFAULT_MODEL_NAME, AppConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +96,9 @@ class Tenants:
     standard: str = "sk-bench-peers-standard-0001"
     interactive: str = "sk-bench-peers-interactive-0001"
     batch: str = "sk-bench-peers-batch-0001"
+    # The throughput sweep's: its class waits in the queue as long as a closed loop needs, so
+    # every system serves every request and throughput is compared at equal served work.
+    sweep: str = "sk-bench-peers-sweep-0001"
 
 
 TENANTS = Tenants()
@@ -137,9 +141,30 @@ def platform_app_args(config_path: Path, model: Model) -> dict[str, Any]:
         },
         {"name": "bench-batch", "api_keys": [TENANTS.batch], "priority": "batch", **unlimited},
     ]
-    out = {**args, "models": [entry], "tenants": tenants}
+    tenants.append(
+        {"name": "bench-sweep", "api_keys": [TENANTS.sweep], "priority": "sweep", **unlimited}
+    )
+    out = {**args, "models": [entry], "tenants": tenants, "admission": _with_sweep_class(args)}
     AppConfig.model_validate(out)  # fail here, not inside a replica
     return out
+
+
+def _with_sweep_class(args: dict[str, Any]) -> dict[str, Any]:
+    """The config's admission with a `sweep` class just below `standard` (the classes below move
+    down one level, so the lowest, batch, keeps its capped share) that waits up to 600 s."""
+    admission = dict(args.get("admission", {}))
+    levels = dict(
+        admission.get("priority_levels")
+        or AdmissionConfig.model_fields["priority_levels"].default_factory()
+    )
+    sweep_level = levels["standard"] + 1
+    levels = {c: lv + 1 if lv >= sweep_level else lv for c, lv in levels.items()}
+    admission["priority_levels"] = {**levels, "sweep": sweep_level}
+    admission["max_queue_wait_s_by_class"] = {
+        **admission.get("max_queue_wait_s_by_class", {}),
+        "sweep": 600,
+    }
+    return admission
 
 
 def resolve_model(

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # once in CI runs: a 25 s Serve control loop, requests waiting in the proxy; README
 # "Resilience"). In a row they take about 8.5 minutes on a quiet hour.
 ORDER = ["replica-death-engine", "soak", "replica-death-actors", "drain", "node-loss"]
+SOAK_MAX_GROWTH_MB = 15  # RSS growth of any process over the short soak's 60 s
 TIMEOUT_S = 900  # one scenario; its own bounds are far tighter, this only stops a stuck run
 # A test may wait for every scenario before its own: five at most.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(5 * TIMEOUT_S + 120)]
@@ -223,5 +224,7 @@ def test_soak_has_no_errors_and_no_memory_creep(chaos):
         assert any(vllm_process in role for role in rss), rss.keys()
     for role, m in rss.items():
         assert m["alive_to_the_end"], f"{role} died during the soak"
-        # Generous for a 60 s run on shared cores: 50 MB or 20% of the start, whichever is more.
-        assert m["growth"] < max(50.0, 0.2 * m["start"]), (role, m)
+        # The long soak (bench/results/chaos.md) grows each process by at most ~3 MB a minute,
+        # and the short one's 60 s after its warm-up by at most ~7 MB; a leak of 15 KB a
+        # request (it serves ~1,000 a minute) fails this.
+        assert m["growth"] < SOAK_MAX_GROWTH_MB, (role, m)

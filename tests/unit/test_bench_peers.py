@@ -58,13 +58,26 @@ def test_platform_serves_only_the_default_model_with_unthrottled_bench_tenants(t
     assert m.source == str(tmp_path.resolve()) and m.quantize is None
     assert m.engine.engine_kwargs() == model.engine_args
     bench = {t.name: t for t in cfg.tenants if t.name.startswith("bench-")}
-    assert {t.priority for t in bench.values()} == {"standard", "interactive", "batch"}
+    assert {t.priority for t in bench.values()} == {"standard", "interactive", "batch", "sweep"}
     for t in bench.values():
         assert t.rate_limits.requests_per_s is None and t.max_concurrent_requests is None
     keys = {k for t in bench.values() for k in t.api_keys}
-    assert keys == {TENANTS.standard, TENANTS.interactive, TENANTS.batch}
-    # Admission control stays as configured: shedding overload is part of what is measured.
-    assert args["admission"] == _config_args()["admission"]
+    assert keys == {TENANTS.standard, TENANTS.interactive, TENANTS.batch, TENANTS.sweep}
+    # Admission control stays as configured (shedding overload is part of what is measured),
+    # but for the sweep's own class: it waits as long as the closed loop needs, below standard
+    # and above batch, which stays the lowest class and keeps its capped share.
+    configured = _config_args()["admission"]
+    adm = cfg.admission
+    assert adm.max_queue_wait_s_by_class == {
+        **configured["max_queue_wait_s_by_class"],
+        "sweep": 600,
+    }
+    levels = adm.priority_levels
+    assert levels["standard"] < levels["sweep"] < levels["batch"] == max(levels.values())
+    assert levels["interactive"] == configured["priority_levels"]["interactive"]
+    sweep_keys = ("priority_levels", "max_queue_wait_s_by_class")
+    unchanged = {k: v for k, v in configured.items() if k not in sweep_keys}
+    assert {k: v for k, v in args["admission"].items() if k not in sweep_keys} == unchanged
 
 
 def test_presets():
