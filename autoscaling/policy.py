@@ -20,12 +20,19 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class AutoscalingParams:
+    """The policy's parameters. The defaults are the shipped ones (serve_app/config.py reads
+    them) and the ones the trace-driven simulation chose and accepts (autoscaling/simulate.py,
+    docs/autoscaling.md); only max_replicas, a cluster's size, differs there."""
+
     min_replicas: int = 1
-    max_replicas: int = 4
-    target_per_replica: float = 16.0  # requests a replica should hold (running + waiting)
+    max_replicas: int = 2
+    # Requests a replica should hold (running + waiting + its share of the Router's queue).
+    # The config's default is its engine's max_num_seqs less one: a spare slot covers the
+    # growth while a new replica starts.
+    target_per_replica: float = 15.0
     upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 60.0
-    downscale_headroom: float = 0.8  # scale down only if load <= (n-1) x target x headroom
+    downscale_delay_s: float = 30.0
+    downscale_headroom: float = 0.9  # scale down only if load <= (n-1) x target x headroom
     replica_start_s: float = 60.0  # how long a new replica takes to serve
     scale_to_zero_after_s: float = 300.0  # with min_replicas 0: idle this long -> 0
 

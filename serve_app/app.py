@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from autoscaling.policy import AutoscalingParams
 from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source
@@ -53,17 +55,11 @@ def request_router_config(model: ModelConfig) -> RequestRouterConfig | None:
 
 
 def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
-    a, d = model.deployment.autoscaling, model.deployment
-    params = {
-        "min_replicas": a.min_replicas,
-        "max_replicas": a.max_replicas,
-        "target_per_replica": a.target_per_replica or 0.75 * d.max_ongoing_requests,
-        "upscale_delay_s": a.upscale_delay_s,
-        "downscale_delay_s": a.downscale_delay_s,
-        "downscale_headroom": a.downscale_headroom,
-        "replica_start_s": a.replica_start_s,
-        "scale_to_zero_after_s": a.scale_to_zero_after_s,
-    }
+    a = model.deployment.autoscaling
+    params = AutoscalingParams(  # validated here, not first inside Serve's controller
+        target_per_replica=a.target_per_replica or max(1.0, model.engine.max_num_seqs - 1.0),
+        **a.model_dump(exclude={"target_per_replica", "metrics_interval_s"}),
+    )
     return {
         "min_replicas": a.min_replicas,
         "max_replicas": a.max_replicas,
@@ -77,7 +73,7 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
         "look_back_period_s": max(2 * a.metrics_interval_s, 2.0),
         "policy": {
             "policy_function": "autoscaling.ray_policy:LLMQueueAutoscalingPolicy",
-            "policy_kwargs": params,
+            "policy_kwargs": dataclasses.asdict(params),
         },
     }
 

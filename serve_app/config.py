@@ -107,7 +107,9 @@ class ServerConfig(Strict):
 
 
 class AutoscalingOptions(Strict):
-    """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas."""
+    """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas. The
+    defaults equal AutoscalingParams' (tests/unit/test_config.py checks), which the simulation
+    accepts (autoscaling/simulate.py)."""
 
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=2, ge=1)
@@ -115,12 +117,12 @@ class AutoscalingOptions(Strict):
         default=None,
         gt=0,
         description="Requests a replica should hold (running + waiting + its share of the "
-        "Router's queue). Default: 3/4 of max_ongoing_requests.",
+        "Router's queue). Default: the engine's max_num_seqs less one.",
     )
     upscale_delay_s: float = Field(default=5.0, ge=0)
-    downscale_delay_s: float = Field(default=60.0, ge=0)
+    downscale_delay_s: float = Field(default=30.0, ge=0)
     downscale_headroom: float = Field(
-        default=0.8,
+        default=0.9,
         gt=0,
         le=1,
         description="Scale down only if the load fits in one fewer replica at this fraction.",

@@ -164,3 +164,23 @@ def test_the_router_is_bound_with_digests_not_keys():
     config, _ = app._bound_deployment.init_args
     assert "sk-wiring-test-01" not in repr(config)
     assert len(config["tenants"][0]["api_key_sha256"]) == 1
+
+
+def test_autoscaling_hands_the_policy_validated_params_with_the_slot_target():
+    from serve_app.app import autoscaling_config
+
+    model = ModelConfig.model_validate(
+        {
+            "name": "m",
+            "source": "simulated",
+            "engine": {"max_num_seqs": 8},
+            "deployment": {"autoscaling": {"max_replicas": 3}},
+        }
+    )
+    config = autoscaling_config(model)
+    kwargs = config["policy"]["policy_kwargs"]
+    assert kwargs["target_per_replica"] == 7  # max_num_seqs less one spare slot
+    assert kwargs["max_replicas"] == config["max_replicas"] == 3
+    assert kwargs["downscale_delay_s"] == 30.0  # the shipped default, the simulation's
+    # Ray's own delays stay off: the policy keeps its own.
+    assert config["upscale_delay_s"] == config["downscale_delay_s"] == 0

@@ -288,3 +288,24 @@ def test_serve_config_yaml_proxy_timeout_is_above_every_deadline():
     cfg = AppConfig.model_validate(doc["applications"][0]["args"])
     longest_s = max(t.max_timeout_s for t in cfg.effective_tenants())
     assert doc["http_options"]["request_timeout_s"] >= longest_s + 30
+
+
+def test_autoscaling_defaults_are_the_policys_and_the_simulations():
+    """One truth: the config's autoscaling defaults are AutoscalingParams', and the simulation
+    that accepts them differs only in the cluster's size and its slots' target."""
+    import dataclasses
+
+    from autoscaling.policy import AutoscalingParams
+    from autoscaling.simulate import SIM_PARAMS
+    from serve_app.config import AutoscalingOptions
+
+    options, params = AutoscalingOptions(), AutoscalingParams()
+    for f in dataclasses.fields(AutoscalingParams):
+        if f.name != "target_per_replica":
+            assert getattr(options, f.name) == getattr(params, f.name), f.name
+    differ = {
+        f.name
+        for f in dataclasses.fields(AutoscalingParams)
+        if getattr(SIM_PARAMS, f.name) != getattr(params, f.name)
+    }
+    assert differ == {"max_replicas"}, differ  # 15 of 16 slots: the default target rule
