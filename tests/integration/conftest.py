@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from serve_app import model_source
 from serve_app.config import AppConfig, ModelConfig
@@ -143,6 +144,14 @@ SLOW_HOST_DEADLINE_S = 300  # the test apps' request deadlines (the product's de
 CLIENT_TIMEOUT_S = SLOW_HOST_DEADLINE_S + 100  # a client waiting for a request it sent
 CALL_TIMEOUT_S = 120  # a handle call (stats) or a short request: seconds on a quiet hour
 SIM_PREFIX = "/sim"
+# The shipped admission bounds (serve_config.yaml's: a 2 s queue wait, batch 30 s, batch's
+# capped share, ageing), without the local demo's anonymous tenant: the sim app runs them.
+SHIPPED_ADMISSION = {
+    **yaml.safe_load((Path(__file__).parents[2] / "serve_config.yaml").read_text())["applications"][
+        0
+    ]["args"]["admission"],
+    "anonymous_tenant": None,
+}
 
 
 def app_args(model_dirs: dict[str, Path]) -> dict:
@@ -227,8 +236,8 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
 
 
 def sim_app_args(otlp_endpoint: str) -> dict:
-    """A second app: two Router replicas over a simulated engine, no anonymous access; its
-    spans go over OTLP/HTTP to the test's in-memory receiver."""
+    """A second app: two Router replicas over a simulated engine, no anonymous access, the
+    shipped admission bounds; its spans go over OTLP/HTTP to the test's in-memory receiver."""
     return {
         "router": {"num_replicas": 2, "num_cpus": 0.25},
         "tracing": {
@@ -244,7 +253,7 @@ def sim_app_args(otlp_endpoint: str) -> dict:
                 "deployment": {"max_ongoing_requests": 64, "num_cpus": 0.25},
             }
         ],
-        "admission": {"anonymous_tenant": None},
+        "admission": SHIPPED_ADMISSION,
         "tenants": [
             {
                 "name": "metered",
