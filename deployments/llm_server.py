@@ -36,6 +36,7 @@ from serve_app import tracing as tracing_
 from serve_app.config import ModelConfig, TracingConfig
 from serve_app.gpu import read_gpus
 from serve_app.metrics import ReplicaGpuMetrics
+from serve_app.policies import health
 from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import (
     COMPLETIONS_PATH,
@@ -150,17 +151,7 @@ class LLMServer:
         return True
 
     def _client_stats(self) -> EngineStats:
-        s = self._engine.stats()
-        if not self._num_probing:
-            return s
-        unfinished = max(0, s.num_unfinished - self._num_probing)
-        return dataclasses.replace(
-            s,
-            num_running=max(0, s.num_running - self._num_probing),
-            num_unfinished=unfinished,
-            # With only the probe in the engine, no client request holds a KV block.
-            kv_cache_usage=s.kv_cache_usage if unfinished else 0.0,
-        )
+        return health.client_stats(self._engine.stats(), self._num_probing)
 
     def stats(self) -> EngineStats:
         s = self._client_stats()
@@ -185,7 +176,7 @@ class LLMServer:
         if self._unhealthy_reason is not None:
             raise RuntimeError(self._unhealthy_reason)
         await self._engine.check_health()
-        if self._engine.stats().num_unfinished == 0:
+        if health.needs_probe(self._engine.stats()):
             await self._probe()
 
     async def _probe(self) -> None:
@@ -221,8 +212,9 @@ class LLMServer:
             ticks += 1
             if ticks % GPU_EXPORT_EVERY_TICKS == 1:
                 self._gpu_metrics.export(await asyncio.to_thread(read_gpus))
-            s = self._client_stats()  # a health probe in the engine is not a stalled request
-            if not s.healthy:
+            stalled_s = time.monotonic() - self._last_output_s
+            v = health.verdict(self._client_stats(), stalled_s, self._health.hang_timeout_s)
+            if v.dead:
                 # A dead engine never recovers: leave now, so that every router drops this
                 # replica at once (actor death) and Serve starts a replacement, instead of
                 # failing requests until the next health check.
@@ -232,9 +224,8 @@ class LLMServer:
                 self._unhealthy_reason = "engine died"
                 await asyncio.sleep(0.5)  # let in-flight streams report their errors
                 os._exit(1)
-            stalled_s = time.monotonic() - self._last_output_s
-            if s.num_unfinished and stalled_s > self._health.hang_timeout_s:
-                self._unhealthy_reason = f"no engine output for {stalled_s:.0f} s"
+            if v.hung_reason is not None:
+                self._unhealthy_reason = v.hung_reason
                 logger.error("engine of %s hangs: %s", self._model.name, self._unhealthy_reason)
 
     async def record_routing_stats(self) -> dict:
