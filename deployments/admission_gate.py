@@ -78,10 +78,10 @@ class Gate:
                 capacity=self._capacity(m, _initial_replicas(m)),
                 max_queue_len=adm.max_queue_len,
                 max_queue_wait_s=adm.max_queue_wait_s,
-                max_queue_wait_s_by_priority=adm.max_queue_wait_s_by_level(),
+                max_queue_wait_s_by_level=adm.max_queue_wait_s_by_level(),
                 ageing_s=adm.ageing_s,
                 capped_priority=max(adm.priority_levels.values()),
-                capped_share=adm.batch_max_share,
+                batch_max_share=adm.batch_max_share,
             )
             for m in config.models
         }

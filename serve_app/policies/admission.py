@@ -8,7 +8,7 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   `Reject("queue_full", retry_after_s)`.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
-  `max_queue_wait_s`, or `max_queue_wait_s_by_priority` for a base priority it names, so
+  `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names, so
   that batch work may wait its turn where interactive work should be refused at once.
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
 
@@ -18,7 +18,7 @@ it waits, so batch work passes newer interactive work after long enough and is n
 starved.
 
 Reserved slots: requests of the capped class (base priority >= `capped_priority`, batch by
-default) hold at most `capped_share` of the slots (at least one). Without it a saturating
+default) hold at most `batch_max_share` of the slots (at least one). Without it a saturating
 batch job fills every slot, and an interactive request waits for one of them to finish
 (with synchronized batch clients, a whole generation) before the engine sees it; vLLM's
 priority scheduling only orders its waiting line, it does not stop running sequences to make
@@ -93,36 +93,36 @@ class AdmissionPolicy:
         capacity: int,
         max_queue_len: int,
         max_queue_wait_s: float,
-        max_queue_wait_s_by_priority: Mapping[int, float] | None = None,
+        max_queue_wait_s_by_level: Mapping[int, float] | None = None,
         ageing_s: float = 0.0,
         displace_lower_priority: bool = True,
         min_retry_after_s: float = 1.0,
         capped_priority: int | None = None,
-        capped_share: float = 1.0,
+        batch_max_share: float = 1.0,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         if max_queue_len < 0:
             raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
-        by_priority = dict(max_queue_wait_s_by_priority or {})
-        for name, bound in [("max_queue_wait_s", max_queue_wait_s), *by_priority.items()]:
+        by_level = dict(max_queue_wait_s_by_level or {})
+        for name, bound in [("max_queue_wait_s", max_queue_wait_s), *by_level.items()]:
             if not (bound > 0 and math.isfinite(bound)):
                 raise ValueError(f"queue wait bound {name} must be > 0 and finite, got {bound}")
         if ageing_s < 0:
             raise ValueError(f"ageing_s must be >= 0 (0 = off), got {ageing_s}")
         if min_retry_after_s < 0:
             raise ValueError(f"min_retry_after_s must be >= 0, got {min_retry_after_s}")
-        if not 0 < capped_share <= 1:
-            raise ValueError(f"capped_share must be in (0, 1], got {capped_share}")
+        if not 0 < batch_max_share <= 1:
+            raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
         self._capacity = capacity
         self._max_queue_len = max_queue_len
         self._max_queue_wait_s = max_queue_wait_s
-        self._max_queue_wait_s_by_priority = by_priority
+        self._max_queue_wait_s_by_level = by_level
         self._ageing_s = ageing_s
         self._displace_lower_priority = displace_lower_priority
         self._min_retry_after_s = min_retry_after_s
         self._capped_priority = capped_priority
-        self._capped_share = capped_share
+        self._batch_max_share = batch_max_share
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
         self._in_flight_capped: set[str] = set()
         self._queued: dict[str, _Entry] = {}
@@ -146,13 +146,13 @@ class AdmissionPolicy:
     @property
     def capped_limit(self) -> int:
         """Slots the capped class may hold: its share of the capacity, at least one."""
-        return max(1, math.floor(self._capacity * self._capped_share))
+        return max(1, math.floor(self._capacity * self._batch_max_share))
 
     @property
     def num_queued(self) -> int:
         return len(self._queued)
 
-    def num_queued_by_priority(self) -> dict[int, int]:
+    def num_queued_by_level(self) -> dict[int, int]:
         return {level: len(fifo) for level, fifo in sorted(self._levels.items())}
 
     def is_queued(self, entry_id: str) -> bool:
@@ -168,7 +168,7 @@ class AdmissionPolicy:
 
     def max_wait_s(self, priority: int) -> float:
         """How long an entry of this base priority may wait in the queue."""
-        return self._max_queue_wait_s_by_priority.get(priority, self._max_queue_wait_s)
+        return self._max_queue_wait_s_by_level.get(priority, self._max_queue_wait_s)
 
     def effective_priority(self, priority: int, waited_s: float) -> int:
         if self._ageing_s <= 0:

@@ -308,10 +308,10 @@ def _cpu_s(class_names: tuple[str, ...]) -> dict[str, float]:
 
 def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     flood_s, workers = 10.0, 24
-    door = ("ProxyActor", "ServeReplica:llmserve:Router")
+    path_actors = ("ProxyActor", "ServeReplica:llmserve:Router")  # the serving path's
     asyncio.run(_victim(base_url, 0, 3))  # warm-up
     baseline = asyncio.run(_victim(base_url, 0, 15))
-    cpu_before = _cpu_s(door)
+    cpu_before = _cpu_s(path_actors)
     # The flood runs in its own process at the lowest CPU priority: its client shares neither the
     # victim's event loop nor, as far as two cores allow, the server's CPU (a real abuser's
     # client runs on its own machine).
@@ -337,7 +337,7 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     during = asyncio.run(_victim(base_url, flood_s - 2.0, 10))
     flood.wait(timeout=300)
     out = flood.stdout.read()
-    cpu_used = {k: v - cpu_before[k] for k, v in _cpu_s(door).items()}
+    cpu_used = {k: v - cpu_before[k] for k, v in _cpu_s(path_actors).items()}
     result = json.loads(out)
     statuses, span_s = result["statuses"], result["span_s"]
     flooded = sum(statuses.values())
@@ -356,7 +356,7 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     assert set(statuses) <= {"200", "429"}, statuses
     assert admitted <= allowed + 1, "the flooding tenant got more than its rate"
     # Refused at the door, the flood costs the other tenant no admission (never refused, never
-    # queued) and only the HTTP work that the door does on cores it shares: the victim's median
+    # queued) and only the HTTP work that the serving path does on cores it shares: the victim's median
     # stays under 2 s, or 10x its median alone in the same test where the host is slow (its
     # speed drifts 2-3x by the hour).
     assert flood_med < max(2.0, 10 * base_med)

@@ -184,8 +184,8 @@ def test_misuse_is_loud():
         dict(max_queue_wait_s=float("inf")),
         dict(ageing_s=-1),
         dict(min_retry_after_s=-1),
-        dict(max_queue_wait_s_by_priority={BATCH: 0}),
-        dict(max_queue_wait_s_by_priority={BATCH: float("nan")}),
+        dict(max_queue_wait_s_by_level={BATCH: 0}),
+        dict(max_queue_wait_s_by_level={BATCH: float("nan")}),
     ],
 )
 def test_bad_parameters(kwargs):
@@ -205,12 +205,12 @@ def test_random_sequences_keep_invariants(seed):
         max_queue_len=rng.randint(0, 6),
         max_queue_wait_s=rng.uniform(1, 20),
         ageing_s=rng.choice([0.0, 0.5, 3.0]),
-        max_queue_wait_s_by_priority={
+        max_queue_wait_s_by_level={
             p: rng.uniform(1, 40) for p in rng.sample([0, 1, 2], rng.randint(0, 2))
         },
         displace_lower_priority=rng.random() < 0.5,
         capped_priority=BATCH if capped else None,
-        capped_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0,
+        batch_max_share=rng.choice([0.34, 0.5, 0.75]) if capped else 1.0,
     )
     priority: dict[str, int] = {}
     offered: list[str] = []
@@ -288,7 +288,7 @@ def test_random_sequences_keep_invariants(seed):
         assert all(policy.is_in_flight(e) for e in running)
         assert policy.num_in_flight == len(running)
         assert policy.num_queued == len(queued) <= 6
-        assert sum(policy.num_queued_by_priority().values()) == len(queued)
+        assert sum(policy.num_queued_by_level().values()) == len(queued)
         if queued and policy.num_in_flight < policy.capacity:
             # A slot is free: only batch waits, held back by its share.
             assert capped and all(priority[e] == BATCH for e in queued), queued

@@ -66,7 +66,7 @@ def test_a_request_that_would_wait_too_long_is_refused_at_once():
 
 def test_each_class_waits_up_to_its_own_bound():
     # Interactive work is refused after 2 s; batch work may wait its turn for 60.
-    policy = make(capacity=1, max_queue_wait_s=2.0, max_queue_wait_s_by_priority={BATCH: 60.0})
+    policy = make(capacity=1, max_queue_wait_s=2.0, max_queue_wait_s_by_level={BATCH: 60.0})
     assert policy.max_wait_s(INTERACTIVE) == 2.0 and policy.max_wait_s(BATCH) == 60.0
     policy.offer("done", STANDARD, 0.0)
     policy.release("done", 10.0)  # one completion: 10 s a request
@@ -82,7 +82,7 @@ def test_each_class_waits_up_to_its_own_bound():
 
 
 def test_poll_expires_each_class_at_its_own_bound():
-    policy = make(capacity=0, max_queue_wait_s=5.0, max_queue_wait_s_by_priority={BATCH: 20.0})
+    policy = make(capacity=0, max_queue_wait_s=5.0, max_queue_wait_s_by_level={BATCH: 20.0})
     policy.offer("b", BATCH, 0.0)
     policy.offer("s", STANDARD, 1.0)
     policy.offer("i", INTERACTIVE, 2.0)

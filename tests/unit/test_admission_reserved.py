@@ -10,7 +10,7 @@ from tests.unit.test_admission import BATCH, INTERACTIVE, STANDARD, make
 
 
 def test_batch_holds_at_most_its_share_and_interactive_starts_at_once():
-    policy = make(capacity=4, capped_priority=BATCH, capped_share=0.5)
+    policy = make(capacity=4, capped_priority=BATCH, batch_max_share=0.5)
     decisions = {e: policy.offer(e, BATCH, 0.0) for e in ("b0", "b1", "b2", "b3")}
     assert [type(d) for d in decisions.values()] == [Admit, Admit, Queue, Queue]
     assert policy.offer("i0", INTERACTIVE, 1.0) == Admit("i0")  # a reserved slot, no wait
@@ -25,13 +25,13 @@ def test_batch_holds_at_most_its_share_and_interactive_starts_at_once():
 
 
 def test_batch_keeps_at_least_one_slot():
-    policy = make(capacity=1, capped_priority=BATCH, capped_share=0.5)
+    policy = make(capacity=1, capped_priority=BATCH, batch_max_share=0.5)
     assert policy.capped_limit == 1
     assert policy.offer("b0", BATCH, 0.0) == Admit("b0")
 
 
 def test_ageing_does_not_lift_the_batch_share():
-    policy = make(capacity=2, capped_priority=BATCH, capped_share=0.5, ageing_s=1.0)
+    policy = make(capacity=2, capped_priority=BATCH, batch_max_share=0.5, ageing_s=1.0)
     policy.offer("b0", BATCH, 0.0)
     policy.offer("b1", BATCH, 0.0)  # waits: batch holds its one slot
     assert policy.queued_in_order(100.0) == ["b1"]
@@ -39,7 +39,7 @@ def test_ageing_does_not_lift_the_batch_share():
 
 
 def test_batch_expected_wait_counts_its_share_of_the_slots():
-    policy = make(capacity=4, max_queue_wait_s=15.0, capped_priority=BATCH, capped_share=0.25)
+    policy = make(capacity=4, max_queue_wait_s=15.0, capped_priority=BATCH, batch_max_share=0.25)
     for e in ("b0", "s0", "s1", "s2"):
         policy.offer(e, BATCH if e == "b0" else STANDARD, 0.0)
     policy.release("s0", 10.0)  # one completion: 10 s a request
@@ -53,5 +53,5 @@ def test_batch_expected_wait_counts_its_share_of_the_slots():
 
 @pytest.mark.parametrize("share", [0.0, 1.5])
 def test_batch_share_must_be_a_share(share):
-    with pytest.raises(ValueError, match="capped_share"):
-        make(capped_priority=BATCH, capped_share=share)
+    with pytest.raises(ValueError, match="batch_max_share"):
+        make(capped_priority=BATCH, batch_max_share=share)
