@@ -356,9 +356,9 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     assert set(statuses) <= {"200", "429"}, statuses
     assert admitted <= allowed + 1, "the flooding tenant got more than its rate"
     # Refused at the door, the flood costs the other tenant no admission (never refused, never
-    # queued) and only the HTTP work that the serving path does on cores it shares: the victim's median
-    # stays under 2 s, or 10x its median alone in the same test where the host is slow (its
-    # speed drifts 2-3x by the hour).
+    # queued) and only the HTTP work the serving path does on cores it shares: the victim's
+    # median stays under 2 s, or 10x its median alone in the same test where the host is slow
+    # (its speed drifts 2-3x by the hour).
     assert flood_med < max(2.0, 10 * base_med)
     health = http.get("/healthz", headers=auth("interactive")).json()["models"][TINY]
     assert health["in_flight"] == 0 and health["queued"] == 0
