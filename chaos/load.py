@@ -194,10 +194,13 @@ class Load:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         done = True
-                    elif event == "error":
+                    elif event == "error":  # the Router's own mid-stream error
                         error_code, _ = _error_code(data.encode())
                     else:
-                        choices = json.loads(data).get("choices") or [{}]
+                        chunk = json.loads(data)
+                        if "error" in chunk:  # vLLM's: a data chunk, as the OpenAI SDK reads it
+                            error_code, _ = _error_code(data.encode())
+                        choices = chunk.get("choices") or [{}]
                         finished = finished or choices[0].get("finish_reason") is not None
                     event = None
             end = time.monotonic()

@@ -194,7 +194,9 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
         f"replica {longs}"
     )
     assert len(peak) == 2 and len(longs) == 2, (peak, longs)
-    assert max(longs.values()) <= 12, longs  # of 16; round-robin's 16 is what this rules out
+    # Of 16: round-robin puts all 16 on one replica, and a coin per request more than 10 one
+    # time in four; the LLM-aware router sees the long ones running and splits them evenly.
+    assert max(longs.values()) <= 10, longs
 
 
 def test_non_streaming_disconnect_aborts_engine_request(url):

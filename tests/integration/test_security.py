@@ -306,6 +306,10 @@ def _cpu_s(class_names: tuple[str, ...]) -> dict[str, float]:
     return used
 
 
+# The victim's median latency under the flood, at most this multiple of its median alone.
+VICTIM_SLOWDOWN_MAX = 3.0
+
+
 def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     flood_s, workers = 10.0, 24
     path_actors = ("ProxyActor", "ServeReplica:llmserve:Router")  # the serving path's
@@ -353,12 +357,10 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
         + ", ".join(f"{k} {v / flooded * 1000:.1f} ms" for k, v in cpu_used.items())
     )
     assert flooded > 10 * allowed, "the flood was too small to mean anything"
+    # Refused at the door, the flood costs the other tenant no admission (never refused, never
+    # queued) and only the HTTP work the serving path does on cores it shares.
+    assert flood_med < VICTIM_SLOWDOWN_MAX * base_med, (flood_med, base_med)
     assert set(statuses) <= {"200", "429"}, statuses
     assert admitted <= allowed + 1, "the flooding tenant got more than its rate"
-    # Refused at the door, the flood costs the other tenant no admission (never refused, never
-    # queued) and only the HTTP work the serving path does on cores it shares: the victim's
-    # median stays under 2 s, or 10x its median alone in the same test where the host is slow
-    # (its speed drifts 2-3x by the hour).
-    assert flood_med < max(2.0, 10 * base_med)
     health = http.get("/healthz", headers=auth("interactive")).json()["models"][TINY]
     assert health["in_flight"] == 0 and health["queued"] == 0

@@ -111,3 +111,50 @@ def test_the_engine_and_its_worker_are_named_under_their_replica_whatever_their_
             p.kill()
         engine.kill()
         engine.wait()
+
+
+@pytest.mark.parametrize(
+    "body, outcome, clean",
+    [
+        (
+            b'data: {"choices":[{"text":"a","finish_reason":"length"}]}\n\ndata: [DONE]\n\n',
+            "ok",
+            True,
+        ),
+        # vLLM's own end of a failed stream: an error chunk, then [DONE] (the OpenAI SDK raises).
+        (
+            b'data: {"choices":[{"text":"a"}]}\n\n'
+            b'data: {"error":{"message":"engine dead","type":"InternalServerError","code":500}}\n\n'
+            b"data: [DONE]\n\n",
+            "sse_error",
+            True,
+        ),
+        # The Router's: an `error` event, then [DONE].
+        (
+            b'data: {"choices":[{"text":"a"}]}\n\nevent: error\n'
+            b'data: {"error":{"message":"failed","code":"engine_error"}}\n\ndata: [DONE]\n\n',
+            "sse_error",
+            True,
+        ),
+        (b'data: {"choices":[{"text":"a"}]}\n\n', "truncated", False),  # cut: no [DONE]
+    ],
+)
+def test_a_stream_is_judged_as_an_openai_client_reads_it(body, outcome, clean):
+    import asyncio
+
+    import httpx
+
+    from chaos.load import Load
+
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, content=body, headers={"x-replica": "r1"})
+    )
+    load = Load("http://test", "m", num_clients=1, max_tokens=4, deadline_s=5)
+
+    async def one():
+        async with httpx.AsyncClient(base_url="http://test", transport=transport) as c:
+            load._client = c
+            return await load._stream({"stream": True}, start=0.0)
+
+    r = asyncio.run(one())
+    assert (r.outcome, r.clean) == (outcome, clean), r
