@@ -154,7 +154,9 @@ def for_model(doc: dict, model: str, within_limits: bool = False) -> schemathesi
                 k: v for k, v in body["properties"].items() if k in WITHIN_LIMITS_FIELDS
             }
             body["additionalProperties"] = False
-            body["required"] = [*body["required"], "max_tokens"]
+            # vLLM's schema has `prompt` optional (prompt_embeds may stand in for it).
+            wanted = {"max_tokens", "prompt" if path == COMPLETIONS else "messages"}
+            body["required"] = sorted({*body["required"], *wanted})
     return schemathesis.openapi.from_dict(doc)
 
 

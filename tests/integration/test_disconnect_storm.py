@@ -46,7 +46,11 @@ DRAIN_S = 120
 STORM_TIMEOUT_S = SLOW_HOST_DEADLINE_S
 STORM_QUEUE_WAIT_S = 180
 SIM_STEP_S = 0.02
-SIM_TOKENS = 100  # each simulated stream's max_tokens
+# Each simulated stream's max_tokens: 20 s a stream unaborted, while clients leave within their
+# first CUT_WITHIN_CHUNKS chunks (1 s), so a storm that failed to abort would keep the engine
+# busy for minutes after the last client left.
+SIM_TOKENS = 1000
+CUT_WITHIN_CHUNKS = 50
 # After the last client leaves, the engines hold nothing within this (the status polls every
 # 0.5 s; a loaded host is slow to cancel a few hundred tasks).
 IDLE_WITHIN_S = 5
@@ -59,7 +63,6 @@ def storm_app() -> dict:
             {
                 "name": MODEL,
                 "source": "simulated",
-                # 20 ms a step: a 100-token stream lasts about 2 s, long enough to be cut.
                 "simulation": {"step_s": SIM_STEP_S},
                 "engine": {"max_num_seqs": MAX_NUM_SEQS},
                 "deployment": {"max_ongoing_requests": ROUTER_CAP, "num_cpus": 0.25},
@@ -147,7 +150,7 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
         assert r.status_code == 200, await r.aread()
         if how == "close-at-headers":
             return how
-        wanted, got = rng.randint(1, max_tokens // 2), 0
+        wanted, got = rng.randint(1, min(CUT_WITHIN_CHUNKS, max_tokens // 2)), 0
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 got += 1
