@@ -51,6 +51,12 @@ SIM_STEP_S = 0.02
 # busy for minutes after the last client left.
 SIM_TOKENS = 1000
 CUT_WITHIN_CHUNKS = 50
+# How clients leave, by weight: cancel-task, close-at-headers, close-after-chunks, timeout.
+# Non-streamed requests whose client times out only in the real engine's short runs: behind
+# HAProxy the Router does not see such a client leave (test_routing.py's non-streamed test),
+# so a long one runs on to its end.
+ALL_ENDINGS = (2, 2, 5, 1)
+STREAMS_ONLY = (2, 2, 5, 0)
 # After the last client leaves, the engines hold nothing within this (the status polls every
 # 0.5 s; a loaded host is slow to cancel a few hundred tasks).
 IDLE_WITHIN_S = 5
@@ -117,7 +123,9 @@ def gauges(metric: str, application: str, model: str) -> dict[str, float]:
     return values
 
 
-async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Random) -> str:
+async def one(
+    c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Random, weights
+) -> str:
     """One request the client gives up on at a random point; returns how it ended."""
     body = {
         "model": model,
@@ -127,7 +135,7 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
         "stream": True,
     }
     how = rng.choices(
-        ["cancel-task", "close-at-headers", "close-after-chunks", "timeout"], weights=[2, 2, 5, 1]
+        ["cancel-task", "close-at-headers", "close-after-chunks", "timeout"], weights=weights
     )[0]
     if how == "cancel-task":  # gone before or during admission and dispatch
         task = asyncio.create_task(c.post("/v1/completions", json=body))
@@ -159,13 +167,15 @@ async def one(c: httpx.AsyncClient, model: str, max_tokens: int, rng: random.Ran
     return "finished-first"
 
 
-async def storm(url: str, model: str, num: int, max_tokens: int, seed: int) -> Counter:
+async def storm(
+    url: str, model: str, num: int, max_tokens: int, seed: int, weights=ALL_ENDINGS
+) -> Counter:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=num + 10, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S, limits=limits) as c:
         tasks = []
         for _ in range(num):
-            tasks.append(asyncio.create_task(one(c, model, max_tokens, rng)))
+            tasks.append(asyncio.create_task(one(c, model, max_tokens, rng, weights)))
             await asyncio.sleep(rng.uniform(0, 0.01))  # all launched within about a second
         return Counter(await asyncio.gather(*tasks))
 
@@ -217,7 +227,9 @@ def test_two_hundred_dropped_streams_leave_nothing_behind(storm_url, base_url):
         )
 
     async def run():
-        task = asyncio.create_task(storm(storm_url, MODEL, NUM_SIM_STREAMS, SIM_TOKENS, seed=9))
+        task = asyncio.create_task(
+            storm(storm_url, MODEL, NUM_SIM_STREAMS, SIM_TOKENS, seed=9, weights=STREAMS_ONLY)
+        )
         # Mid-storm: the engine full, with waiting lines. Sampled for as long as the storm lasts,
         # since a slow host stretches it and moves its peak.
         while not task.done() and not full():

@@ -23,6 +23,7 @@ from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCE
 pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
 
 PREFIX = "/routing"
+DIRECT_INGRESS_MIN_PORT = 30000  # Ray's RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT
 NAME = "tiny-pair"
 POLICIES = ("round_robin", "llm_aware")
 
@@ -199,10 +200,32 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
     assert max(longs.values()) <= 10, longs
 
 
+def _router_port(app: str) -> int:
+    """The Router replica's own HTTP port (Serve's direct ingress), behind HAProxy's."""
+    import psutil
+    import ray
+
+    (pid,) = [
+        a["Pid"]
+        for a in ray._private.state.actors().values()
+        if a["State"] == "ALIVE" and a["ActorClassName"] == f"ServeReplica:{app}:Router"
+    ]
+    listening = [
+        c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"
+    ]
+    return min(p for p in listening if p >= DIRECT_INGRESS_MIN_PORT)
+
+
 def test_non_streaming_disconnect_aborts_engine_request(url):
     """A client that stops waiting for a non-streamed answer ends its engine request: both
-    replicas are idle well before the request would have finished by itself."""
+    replicas are idle well before the request would have finished by itself.
+
+    Sent to the Router's own port: behind Serve's HAProxy the client's leaving does not reach
+    the Router while HAProxy waits for a non-streamed response (found by this test; a streamed
+    reply's next write ends it at once), so such a request runs to its end or its deadline
+    (docs/api.md)."""
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
+    url = f"http://127.0.0.1:{_router_port('routing')}{PREFIX}"
     # Four choices: four sequences of work for the engine, a longer run to tell an abort by.
     body = {"model": NAME, "prompt": "Count", "ignore_eos": True, "n": 4}
     t0 = time.monotonic()
