@@ -42,7 +42,9 @@ MODEL = {
         "cpu_kv_cache_space_gib": 1,
         # JSON grammars without free whitespace: the small model's answers otherwise run on in
         # blanks to max_tokens. Both servers get the flag (the same argv).
-        "extra": {"structured_outputs_config": {"disable_any_whitespace": True}},
+        "extra": {
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}
+        },
     },
     # As serve_config.yaml: a tool-call parser, so that named and `required` tool choice work.
     "server": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
