@@ -22,7 +22,9 @@ class Fault:
     name: str
     deployment: str  # the deployment whose capacity is measured
     target: int  # its replica count at full capacity
-    choose: Callable[[ReplicaWatch], tuple[str, Callable[[], None]]]  # -> (victim id, kill)
+    # -> (victim id, kill); kill returns once the killed process is gone (a kill is a signal:
+    # the process dies some milliseconds later, and requests sent meanwhile still reach it).
+    choose: Callable[[ReplicaWatch], tuple[str, Callable[[], None]]]
 
 
 def run_fault(
@@ -39,6 +41,7 @@ def run_fault(
         victim, kill = fault.choose(watch)
         t_fault = time.monotonic()
         kill()
+        t_dead = time.monotonic()
         t_back = watch.wait_for(
             lambda s: at_capacity(s, fault.deployment, fault.target, {victim}),
             recovery_timeout_s,
@@ -47,7 +50,7 @@ def run_fault(
         time.sleep(after_s)  # the restored set carries the load for a while
         t_stop = time.monotonic()
     t_noticed = watch.first(noticed, after=t_fault)
-    return fault_figures(load.results, t0, t_fault, t_noticed, t_back, t_stop) | {
+    return fault_figures(load.results, t0, t_fault, t_noticed, t_back, t_stop, t_dead) | {
         "fault": fault.name,
         "victim": victim,
         "deployment": fault.deployment,
@@ -65,17 +68,25 @@ def fault_figures(
     t_noticed: float | None,
     t_back: float | None,
     t_stop: float,
+    t_dead: float | None = None,
 ) -> dict:
-    """Figures of a load that met one fault at t_fault; capacity was back at t_back (or not)."""
+    """Figures of a load that met one fault, from its kill at t_fault until the killed process
+    was gone at t_dead; capacity was back at t_back (or not)."""
+    t_dead = t_fault if t_dead is None else t_dead
     bad = [r for r in results if not r.ok]
+
+    def in_flight(r: Result) -> bool:  # at some moment while the fault struck
+        return r.start_s <= t_dead and r.end_s > t_fault
+
     return {
         "fault_at_s": round(t_fault - t0, 2),
-        "in_flight_at_fault": sum(1 for r in results if r.in_flight_at(t_fault)),
+        "fault_took_s": round(t_dead - t_fault, 3),
+        "in_flight_at_fault": sum(1 for r in results if in_flight(r)),
         **summary(results, t0),
         # Failures of requests that were not in flight when the fault struck: the platform
         # should have routed them around it (retry before the first token, dead replica dropped).
-        "failed_in_flight_at_fault": sum(1 for r in bad if r.in_flight_at(t_fault)),
-        "failed_started_after_fault": sum(1 for r in bad if r.start_s > t_fault),
+        "failed_in_flight_at_fault": sum(1 for r in bad if in_flight(r)),
+        "failed_started_after_fault": sum(1 for r in bad if r.start_s > t_dead),
         # How long the requests the fault broke waited for their answer (an error).
         "last_failure_answered_s": since(max((r.end_s for r in bad), default=None), t_fault),
         "serve_noticed_s": since(t_noticed, t_fault),

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
+import psutil
 import ray
 from ray import serve
 
@@ -26,11 +28,35 @@ from serve_app.app import build_app
 LLM_TINY, LLM_SIM = f"llm-{TINY}", f"llm-{SIM}"
 
 
+def _gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Returns once the process has exited (a zombie awaiting its parent counts as gone)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} still alive {timeout_s} s after it was killed")
+
+
 def _kill_actor(deployment: str):
     def choose(watch: ReplicaWatch):
         victim = sorted(watch.latest().ids[deployment])[0]
-        actor = ray.get_actor(f"{REPLICA_PREFIX}{APP}#{deployment}#{victim}", namespace="serve")
-        return victim, lambda: ray.kill(actor, no_restart=True)
+        name = f"{REPLICA_PREFIX}{APP}#{deployment}#{victim}"
+        actor = ray.get_actor(name, namespace="serve")
+        (pid,) = [
+            a["Pid"]
+            for a in ray._private.state.actors().values()
+            if a["Name"] == name and a["State"] == "ALIVE"
+        ]
+
+        def kill() -> None:
+            ray.kill(actor, no_restart=True)
+            _gone(pid)
+
+        return victim, kill
 
     return choose
 
@@ -42,7 +68,12 @@ def _kill_engine(cluster: ChaosCluster):
         victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
         # Never signal a process that is not ours (pids are reused; others share this host).
         assert pid and cluster.owns(pid), f"engine pid {pid} is not a process of this cluster"
-        return victim, lambda: os.kill(pid, signal.SIGKILL)
+
+        def kill() -> None:
+            os.kill(pid, signal.SIGKILL)
+            _gone(pid)
+
+        return victim, kill
 
     return choose
 

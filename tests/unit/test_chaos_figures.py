@@ -158,3 +158,18 @@ def test_a_stream_is_judged_as_an_openai_client_reads_it(body, outcome, clean):
 
     r = asyncio.run(one())
     assert (r.outcome, r.clean) == (outcome, clean), r
+
+
+def test_a_fault_lasts_until_the_killed_process_is_gone():
+    """A kill is a signal: requests sent between it and the process's exit still reach the
+    victim; they count as in flight at the fault, and only later ones as started after it."""
+    results = [
+        _r(4, 5.02, "http_error"),  # running at the kill
+        _r(5.01, 5.03, "http_error", clean=False),  # sent after the kill, before the exit
+        _r(5.06, 5.5, "http_error"),  # sent after the exit: should have gone elsewhere
+        _r(5.2, 6),
+    ]
+    f = fault_figures(results, 0.0, 5.0, t_noticed=5.5, t_back=8.0, t_stop=12.0, t_dead=5.05)
+    assert f["fault_took_s"] == 0.05
+    assert f["in_flight_at_fault"] == 2 and f["failed_in_flight_at_fault"] == 2
+    assert f["failed_started_after_fault"] == 1
