@@ -12,6 +12,7 @@ from `message.tool_calls`) work against the platform.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -200,12 +201,20 @@ def sse_events(text: str) -> list:
 def answer(client: httpx.Client, base: str, path: str, body: dict, headers=None):
     r = client.post(base + path, json=body, headers=headers or {})
     if r.headers.get("content-type", "").startswith("text/event-stream"):
-        return r.status_code, sse_events(r.text)
+        # Chunk by chunk within each choice: with n > 1 the choices' chunks interleave as the
+        # engine's steps and the server's writes fall, on either server.
+        events = sse_events(r.text)
+        return r.status_code, sorted(events, key=_choice_index)  # stable: each choice's order
     data = r.json()
     if r.status_code >= 400:
         err = data["error"]
         return r.status_code, {k: err.get(k) for k in ("type", "code")}
     return r.status_code, normalize(data)
+
+
+def _choice_index(event) -> int:
+    choices = event.get("choices") if isinstance(event, dict) else None
+    return choices[0].get("index", 0) if choices else -1
 
 
 def _free_port() -> int:
@@ -315,11 +324,14 @@ def test_json_schema_answers_validate_and_sdk_helpers_work(servers):
         )
         assert r.choices[0].finish_reason == "stop", r.choices[0]
         Person.model_validate_json(r.choices[0].message.content)
+    # The city bounded, so that the constrained call ends inside max_tokens.
+    tool = copy.deepcopy(WEATHER_TOOL)
+    tool["function"]["parameters"]["properties"]["city"]["maxLength"] = 20
     r = client.chat.completions.create(
         model=DEFAULT,
         messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        tools=[WEATHER_TOOL],
-        max_tokens=40,
+        tools=[tool],
+        max_tokens=80,
         temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
