@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # once in CI runs: a 25 s Serve control loop, requests waiting in the proxy; README
 # "Resilience"). In a row they take about 8.5 minutes on a quiet hour.
 ORDER = ["replica-death-engine", "soak", "replica-death-actors", "drain", "node-loss"]
+ROUTER_GONE_GRACE_S = 0.5  # how long HAProxy may still send to a Router that died
 SOAK_MAX_GROWTH_MB = 12  # RSS growth of any process over the short soak's 60 s
 TIMEOUT_S = 900  # one scenario; its own bounds are far tighter, this only stops a stuck run
 # A test may wait for every scenario before its own: five at most.
@@ -135,12 +136,15 @@ def _ray_dirs(out_dir: Path) -> list[Path]:
     return found
 
 
-def _answered(f: dict, unclean_allowed: bool = False) -> None:
+def _answered(f: dict, unclean_allowed: bool = False, grace_s: float = 0.0) -> None:
     """Every request got an answer before its deadline + margin; failures only among those in
-    flight at the fault; each failure clean unless this fault makes that impossible."""
+    flight at the fault, or sent within `grace_s` of the killed process's exit; each failure
+    clean unless this fault makes that impossible."""
     assert f["hangs"] == 0, f["failures"]
-    assert f["failed"] == f["failed_in_flight_at_fault"] <= f["in_flight_at_fault"], f["failures"]
-    assert f["failed_started_after_fault"] == 0, f["failures"]
+    gone_s = f["fault_at_s"] + f["fault_took_s"]
+    late = [x for x in f["failures"] if x["start_s"] > gone_s + grace_s]
+    assert not late, f["failures"]
+    assert f["failed_in_flight_at_fault"] <= f["in_flight_at_fault"], f["failures"]
     assert f["max_latency_s"] < f["deadline_s"] + 10
     if not unclean_allowed:
         assert f["unclean_failures"] == 0, f["failures"]
@@ -151,7 +155,10 @@ def _replica_death(r: dict) -> dict:
     for name, f in r["faults"].items():
         # The router-kill's in-flight requests die with the Router that held them: Ray Serve's
         # proxy answers a bare 500 or cuts the stream; no Router is left to say it our way.
-        _answered(f, unclean_allowed=name == "router_kill")
+        # HAProxy sends requests to a Router that just died until its next health check or
+        # reload (seen: two sent 2 ms after the exit answered HAProxy's 500).
+        router = name == "router_kill"
+        _answered(f, unclean_allowed=router, grace_s=ROUTER_GONE_GRACE_S if router else 0.0)
         # The broken requests hear so at once: the dead engine's are told by their replica (an
         # error item; an exception would take 10-20 s to arrive), a dead actor's by Ray.
         if f["failed"]:
