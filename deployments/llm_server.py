@@ -35,7 +35,7 @@ from serve_app import model_source
 from serve_app import tracing as tracing_
 from serve_app.config import ModelConfig, TracingConfig
 from serve_app.gpu import read_gpus
-from serve_app.metrics import ReplicaGpuMetrics
+from serve_app.metrics import ReplicaGpuMetrics, ReplicaPrefixCacheMetrics
 from serve_app.policies import health
 from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import (
@@ -75,6 +75,7 @@ class LLMServer:
         self._unhealthy_reason: str | None = None
         self._num_probing = 0  # health probes in the engine, kept out of the reported stats
         self._replica_id = _replica_id()
+        self._cached_stats: dict[str, Any] | None = None  # the engine's blocks, as last reported
         self._engine: Engine
         if path == "simulated":
             from deployments.engine.sim_engine import SimEngine
@@ -87,6 +88,7 @@ class LLMServer:
             self._engine = VLLMEngine(model, path)
         await self._engine.start()
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
+        self._cache_metrics = ReplicaPrefixCacheMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
 
     async def generate(
@@ -212,6 +214,11 @@ class LLMServer:
             ticks += 1
             if ticks % GPU_EXPORT_EVERY_TICKS == 1:
                 self._gpu_metrics.export(await asyncio.to_thread(read_gpus))
+            extra = self._engine.stats().extra
+            if "prefix_cache_queries" in extra:
+                self._cache_metrics.export(
+                    extra["prefix_cache_queries"], extra["prefix_cache_hits"]
+                )
             stalled_s = time.monotonic() - self._last_output_s
             v = health.verdict(self._client_stats(), stalled_s, self._health.hang_timeout_s)
             if v.dead:
@@ -230,13 +237,19 @@ class LLMServer:
 
     async def record_routing_stats(self) -> dict:
         s = self._client_stats()
-        return {
+        stats = {
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "kv_cache_usage": s.kv_cache_usage,
             "healthy": s.healthy and self._unhealthy_reason is None,
             "timestamp_s": time.time(),
         }
+        cached = self._engine.cached_blocks()
+        if cached is not None:
+            if self._cached_stats is None or self._cached_stats["version"] != cached.version:
+                self._cached_stats = cached.to_stats()
+            stats["cached_blocks"] = self._cached_stats
+        return stats
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """For autoscaling/ray_policy.py: this engine's load and the Router's queue."""

@@ -1,15 +1,20 @@
 """Ray Serve request routers for the LLMServer deployments (Ray's RequestRouterConfig hook).
 
 `LLMAwareRequestRouter` gathers each replica's load (its published routing stats plus this
-router's own in-flight count) and asks the pure policy in serve_app/policies/routing.py for a
-replica.
+router's own in-flight count) and, with prefix-aware routing, how much of the request's prompt
+each replica's KV cache holds (the engine's block set from its routing stats, the prompt's block
+hashes from the model's tokenizer), and asks the pure policy in serve_app/policies/routing.py
+for a replica. Each decision is counted by reason and noted for the Router (route_notes.py):
+the trace span and the debug header say why.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
 Ray's base class does the rest: FIFO order, retries with backoff, dropping dead replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import logging
 import random
 import time
@@ -24,10 +29,16 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose, score
+from deployments import route_notes
+from serve_app.policies.prefix_cache import PrefixIndex, block_keys
+from serve_app.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
+from serve_app.replica_call import CachedBlocks
 
 logger = logging.getLogger("ray.serve")
 MAX_SESSIONS = 10_000
+MAX_MEMO = 1024
+INLINE_TOKENIZE_BYTES = 16_384  # longer bodies are tokenized off the event loop
+TOKENIZER_RETRY_S = 10.0
 
 
 def replica_load(replica: RunningReplica, num_in_flight: int, now_s: float) -> ReplicaLoad:
@@ -60,6 +71,14 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         # acceptance), which were never counted: only these may decrement _in_flight.
         self._routed: Counter[tuple[ReplicaID, str]] = Counter()
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session id -> replica unique id
+        self._model = kwargs.get("model", "")
+        self._prefix = kwargs.get("prefix")  # {"model_dir", "chat_template"} or None: off
+        self._index = PrefixIndex()
+        self._tokens: Any = None  # serve_app.prompt_tokens.PromptTokens, loaded on first use
+        self._tokens_failed_s = -TOKENIZER_RETRY_S
+        self._memo: OrderedDict[str, list[int] | None] = OrderedDict()  # request -> block keys
+        self._decisions: Any = None  # the counter; False where Ray's metrics are unavailable
+        self._block_tokens = 0
 
     async def choose_replicas(
         self,
@@ -75,9 +94,21 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]
         session = self._session_of(pending_request)
-        choice = choose(loads, self._rng, self._weights, self._sessions.get(session))
+        keys = await self._prompt_keys(candidate_replicas, pending_request)
+        cached = None
+        if keys:
+            cached = {
+                uid: self._index.cached_blocks(uid, keys, now_s)
+                for uid in by_id  # the index holds only what _prompt_keys refreshed
+            }
+        choice = choose(
+            loads, self._rng, self._weights, self._sessions.get(session), cached, len(keys or ())
+        )
         if choice is None:
             return []
+        if keys:
+            self._index.routed(choice.replica_id, keys, now_s)
+        self._note(choice, pending_request)
         if logger.isEnabledFor(logging.DEBUG):
             request_id = pending_request.metadata.request_id if pending_request else "-"
             logger.debug(
@@ -101,12 +132,81 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         )
         return [[by_id[choice.replica_id]], rest] if rest else [[by_id[choice.replica_id]]]
 
+    async def _prompt_keys(
+        self, candidates: list[RunningReplica], pending_request: PendingRequest | None
+    ) -> list[int] | None:
+        """The request's prompt blocks as the engines name them, once per request; and each
+        candidate's reported block set brought up to date in the index. None: route by load."""
+        if self._prefix is None or pending_request is None:
+            return None
+        reports = []
+        for r in candidates:
+            d = (r.routing_stats or {}).get("cached_blocks")
+            if d is not None:
+                uid = r.replica_id.unique_id
+                if not self._index.is_current(uid, d["version"]):
+                    self._index.update(uid, d["version"], CachedBlocks.from_stats(d).keys)
+                reports.append(d)
+        if not reports:
+            return None  # no engine reports its cache (yet): nothing to match
+        request_id = pending_request.metadata.internal_request_id
+        if request_id in self._memo:
+            return self._memo[request_id]
+        args = getattr(pending_request, "args", None) or ()
+        body = getattr(args[0], "body", None) if args else None
+        keys = None
+        tokens = self._prompt_tokens()
+        if tokens is not None and isinstance(body, bytes):
+            block_size, seed = reports[0]["block_size"], reports[0]["hash_seed"]
+            self._block_tokens = block_size
+            path = args[0].path
+            if len(body) <= INLINE_TOKENIZE_BYTES:
+                keys = _block_keys(tokens, path, body, block_size, seed)
+            else:
+                keys = await asyncio.to_thread(_block_keys, tokens, path, body, block_size, seed)
+        self._memo[request_id] = keys
+        while len(self._memo) > MAX_MEMO:
+            self._memo.popitem(last=False)
+        return keys
+
+    def _prompt_tokens(self) -> Any:
+        if self._tokens is None and time.monotonic() - self._tokens_failed_s > TOKENIZER_RETRY_S:
+            from serve_app.prompt_tokens import PromptTokens  # tokenizers and jinja2: lazily
+
+            try:
+                self._tokens = PromptTokens(
+                    self._prefix["model_dir"], self._prefix.get("chat_template")
+                )
+            except Exception as e:  # not prepared on this node yet, or no tokenizer.json
+                self._tokens_failed_s = time.monotonic()
+                logger.warning("prefix-aware routing waits for a tokenizer: %s", e)
+        return self._tokens
+
+    def _note(self, choice: Choice, pending_request: PendingRequest | None) -> None:
+        request_id = _request_id(pending_request)
+        if request_id is not None:
+            route_notes.put(request_id, route_notes.RouteNote.of(choice, self._block_tokens))
+
     def _session_of(self, pending_request: PendingRequest | None) -> str:
         if not self._session_affinity or pending_request is None:
             return ""
         return pending_request.metadata.session_id or ""
 
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id.unique_id for r in replicas}
+        for uid in self._index.replica_ids() - live:
+            self._index.drop(uid)  # removed or replaced: its cache is gone with it
+
     def on_request_routed(self, pending_request, replica_id: ReplicaID, result) -> None:
+        # Counted here, not in choose_replicas: Ray may ask for a choice several times while
+        # every replica is full, but routes each request once.
+        note = route_notes.peek(_request_id(pending_request) or "")
+        if note is not None:
+            if self._decisions is None:
+                self._decisions = _decision_counter()
+            if self._decisions:
+                self._decisions.inc(tags={"model": self._model, "reason": note.reason})
         request_id = pending_request.metadata.internal_request_id if pending_request else ""
         self._routed[(replica_id, request_id)] += 1
         self._in_flight[replica_id] += 1
@@ -123,9 +223,38 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
+        self._index.drop(replica_id.unique_id)
         self._in_flight.pop(replica_id, None)
         for key in [k for k in self._routed if k[0] == replica_id]:
             del self._routed[key]
+
+
+def _request_id(pending_request: PendingRequest | None) -> str | None:
+    args = getattr(pending_request, "args", None) or ()
+    return getattr(args[0], "request_id", None) if args else None
+
+
+def _block_keys(tokens: Any, path: str, body: bytes, block_size: int, seed: str | None):
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    ids = tokens.token_ids(path, parsed) if isinstance(parsed, dict) else None
+    return block_keys(ids, block_size, seed) if ids else None
+
+
+def _decision_counter() -> Any:
+    try:
+        from ray.serve.metrics import Counter as MetricCounter
+
+        return MetricCounter(
+            "llmserve_routing_decisions",
+            description="Replica choices by reason: prefix (cache credit won), load (cache "
+            "known, load won), p2c, affinity, only.",
+            tag_keys=("model", "reason"),
+        )
+    except Exception:  # outside a Ray worker (unit tests)
+        return False
 
 
 class RoundRobinRequestRouter(FIFOMixin, RequestRouter):

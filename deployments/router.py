@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from deployments import route_notes
 from deployments.admission_gate import Gate, Ticket
 from deployments.http_app import http_app, read_body
 from deployments.reply_relay import ReplyRelay
@@ -410,6 +411,9 @@ class Router:
                     handle, request, ticket, session_id or session_of(body)
                 )
                 span.set_attribute("llmserve.replica", head.replica_id)
+                route = route_notes.take(request_id)
+                if route is not None:
+                    span.set_attributes(route.attributes())
         except BaseException:
             self._gate.finish(ticket, 0)
             raise
@@ -417,6 +421,8 @@ class Router:
         trail.replica = head.replica_id
         if self._config.http.debug_headers and head.replica_id:
             reply_headers["x-replica"] = head.replica_id
+            if route is not None:
+                reply_headers["x-route"] = route.header()
         # Not the current span: the reply is consumed later, possibly in another task.
         span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
         return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)

@@ -29,23 +29,35 @@ ROUTER_GRACE_MARGIN_S = 5.0  # past the longest deadline: time to answer it
 ROUTERS = {
     "llm_aware": "deployments.request_router:LLMAwareRequestRouter",
     "round_robin": "deployments.request_router:RoundRobinRequestRouter",
+    "ray_prefix_affinity": "deployments.ray_prefix_router:RayPrefixAffinityRouter",
 }
 
 
-def request_router_config(model: ModelConfig) -> RequestRouterConfig | None:
+def request_router_config(
+    model: ModelConfig, model_dir: str | None = None
+) -> RequestRouterConfig | None:
+    """`model_dir`: where the model's tokenizer is, for prefix-aware routing."""
     r = model.routing
     if r.policy == "ray_default":
         return None
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if r.policy == "llm_aware":
         kwargs = {
+            "model": model.name,
             "session_affinity": r.session_affinity,
             "weights": {
                 "waiting": r.waiting_weight,
                 "kv_cache": r.kv_cache_weight,
                 "max_affinity_score": r.max_affinity_score,
+                "prefix_weight": r.prefix_weight,
+                "prefix_load_margin": r.prefix_load_margin,
             },
         }
+        if r.prefix_aware and model_dir is not None:
+            kwargs["prefix"] = {
+                "model_dir": model_dir,
+                "chat_template": model.server.chat_template,
+            }
     return RequestRouterConfig(
         request_router_class=ROUTERS[r.policy],
         request_router_kwargs=kwargs,
@@ -93,7 +105,7 @@ def build_app(args: dict[str, Any]) -> Application:
     handles = {}
     for model in config.models:
         d = model.deployment
-        routing = request_router_config(model)
+        routing = request_router_config(model, model_source.tokenizer_dir(model, cache_dir))
         extra: dict[str, Any] = {"request_router_config": routing} if routing else {}
         if d.autoscaling is not None:
             extra["autoscaling_config"] = autoscaling_config(model)

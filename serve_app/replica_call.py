@@ -11,6 +11,7 @@ Plain data: no Ray, no vLLM, picklable.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,3 +83,29 @@ class EngineStats:
     kv_cache_usage: float  # 0..1, from the engine's last scheduler report
     healthy: bool
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CachedBlocks:
+    """The blocks an engine's prefix cache holds, as a replica reports them in its routing
+    stats (key `cached_blocks`, as `to_stats()`: plain types, since Serve's controller holds
+    them without our code): block keys of serve_app/policies/prefix_cache.py, 8 bytes each."""
+
+    version: int  # grows with every change of the set
+    block_size: int  # tokens per block
+    hash_seed: str | None  # PYTHONHASHSEED of the engine, None for vLLM's fixed default
+    keys: frozenset[int]
+
+    def to_stats(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "block_size": self.block_size,
+            "hash_seed": self.hash_seed,
+            "keys": array("Q", sorted(self.keys)).tobytes(),
+        }
+
+    @classmethod
+    def from_stats(cls, d: dict[str, Any]) -> CachedBlocks:
+        keys = array("Q")
+        keys.frombytes(d["keys"])
+        return cls(d["version"], d["block_size"], d["hash_seed"], frozenset(keys))

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from typing import Protocol
 
 from deployments.engine.asgi_call import ASGIApp
-from serve_app.replica_call import EngineStats, Usage
+from serve_app.replica_call import CachedBlocks, EngineStats, Usage
 
 request_usage: ContextVar[Usage | None] = ContextVar("request_usage", default=None)
 
@@ -30,6 +30,10 @@ class Engine(Protocol):
         """Load weights and allocate the KV cache. Raises if the engine cannot start."""
 
     def stats(self) -> EngineStats: ...
+
+    def cached_blocks(self) -> CachedBlocks | None:
+        """The blocks its prefix cache holds, or None when it does not say (prefix-aware
+        routing then weighs load alone)."""
 
     async def check_health(self) -> None:
         """Raises when the engine is dead."""

@@ -189,6 +189,9 @@ class SimEngine:
 
     # -------------------------------------------------------------------------------- the seam
 
+    def cached_blocks(self) -> None:
+        return None  # no prefix cache simulated: prefix-aware routing weighs load alone
+
     def stats(self) -> EngineStats:
         waiting = sum(1 for _, _, rid in self._waiting if rid in self._seqs)
         running = len(self._running)

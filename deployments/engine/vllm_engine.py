@@ -6,13 +6,15 @@ and builds vLLM's own FastAPI app and serving state over it (`build_app`, `init_
 every request is validated, answered and streamed by vLLM's code: logprobs, structured output,
 tool calls and vLLM's extra parameters work as they do against `vllm serve`.
 
-Two things are added around the engine: each request's token counts go to `request_usage` (the
-Router settles the tenant's token bucket from them), and the engine's scheduler reports are kept
-for routing (running, waiting, KV usage).
+Three things are added around the engine: each request's token counts go to `request_usage` (the
+Router settles the tenant's token bucket from them), the engine's scheduler reports are kept
+for routing (running, waiting, KV usage), and, for prefix-aware routing, its KV cache events
+are read into the set of blocks it holds (kv_events.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -31,9 +33,11 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.engine import request_usage
+from deployments.engine.kv_events import KVEventSubscriber
 from serve_app import vllm_args
 from serve_app.config import ModelConfig
-from serve_app.replica_call import FORWARDED_PATHS, EngineStats
+from serve_app.policies.prefix_cache import HASH_ALGOS
+from serve_app.replica_call import FORWARDED_PATHS, CachedBlocks, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +46,20 @@ class _LastSchedulerStats(StatLoggerBase):
     """Keeps the engine's latest scheduler report (running, waiting, KV usage) for routing."""
 
     latest: Any = None
+    prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits = 0
 
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         pass
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
         if scheduler_stats is not None:
-            type(self).latest = scheduler_stats
+            cls = type(self)
+            cls.latest = scheduler_stats
+            prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if prefix is not None:
+                cls.prefix_cache_queries += prefix.queries
+                cls.prefix_cache_hits += prefix.hits
 
     def log_engine_initialized(self) -> None:
         pass
@@ -96,14 +107,31 @@ class VLLMEngine:
         self.app: Any = None
         self.paths: frozenset[str] = frozenset()
         self.max_model_len = 0
+        self._kv_events = KVEventSubscriber() if model.routing.prefix_aware else None
+        self._block_size = 0
+        self._cached: CachedBlocks | None = None
 
     async def start(self) -> None:
         launch = vllm_args.launch(self._model, self._model_path)
         os.environ.update(launch.env)  # read by vLLM's CPU worker when it sizes the KV cache
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(launch.argv)
+        argv = launch.argv
+        if self._kv_events is not None:
+            argv = [*argv, "--kv-events-config", json.dumps(self._kv_events.config())]
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
         validate_parsed_serve_args(args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        cache = vllm_config.cache_config
+        if self._kv_events is not None and not (
+            cache.enable_prefix_caching and cache.prefix_caching_hash_algo in HASH_ALGOS
+        ):
+            logger.warning(
+                "%s: prefix-aware routing needs prefix caching with a %s block hash; off",
+                self._model.name,
+                "/".join(HASH_ALGOS),
+            )
+            self._kv_events = None
+        self._block_size = cache.block_size
         # vLLM's own metrics (running/waiting, KV usage, prefix-cache hits, TTFT, inter-token
         # latency) go out through Ray's metrics pipeline as ray_vllm_*, beside ours.
         self._engine = AsyncLLM.from_vllm_config(
@@ -114,6 +142,8 @@ class VLLMEngine:
             disable_log_stats=engine_args.disable_log_stats,
         )
         self._engine.generate = _count_usage(self._engine.generate)
+        if self._kv_events is not None:
+            self._kv_events.start()
         tasks = await self._engine.get_supported_tasks()
         self.app = build_app(args, tasks, self._engine.model_config)
         await init_app_state(self._engine, self.app.state, args, tasks)
@@ -151,8 +181,22 @@ class VLLMEngine:
             num_unfinished=unfinished,
             kv_cache_usage=kv,
             healthy=not engine.errored,
-            extra={"engine_pid": self._engine_pid()},
+            extra={
+                "engine_pid": self._engine_pid(),
+                "prefix_cache_queries": self._stats_logger.prefix_cache_queries,
+                "prefix_cache_hits": self._stats_logger.prefix_cache_hits,
+            },
         )
+
+    def cached_blocks(self) -> CachedBlocks | None:
+        if self._kv_events is None:
+            return None
+        version, keys = self._kv_events.held()
+        if self._cached is None or self._cached.version != version:
+            # The engine core inherits this process's environment, PYTHONHASHSEED included.
+            seed = os.environ.get("PYTHONHASHSEED")
+            self._cached = CachedBlocks(version, self._block_size, seed, keys)
+        return self._cached
 
     def _engine_pid(self) -> int | None:
         # The EngineCore process: what dies in a crash, and what the chaos tests kill.
@@ -168,6 +212,8 @@ class VLLMEngine:
         await self._engine.check_health()
 
     def shutdown(self) -> None:
+        if self._kv_events is not None:
+            self._kv_events.stop()
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None

@@ -7,6 +7,12 @@ replica through `record_routing_stats`, refreshed every second or so) to this ro
 count of requests it sent there (exact and immediate, so a burst does not herd onto one replica
 between stats refreshes). Stats older than `stale_after_s` are ignored: only the live count is
 trusted then.
+
+With prefix-aware routing on, a replica that holds the start of the request's prompt in its KV
+cache (serve_app/policies/prefix_cache.py) scores lower by `prefix_weight` times the share of the
+prompt's blocks it holds, so a conversation's next turn goes where its history is cached. The
+credit is bounded by load: a replica whose score is more than `prefix_load_margin` above the
+least loaded one gets none, so a hot prefix spreads instead of piling onto one queue.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class ScoreWeights:
     stale_after_s: float = 5.0
     # Session affinity yields to P2C once the sticky replica's score exceeds this.
     max_affinity_score: float = 32.0
+    # A prompt fully cached on a replica is worth this many queued requests there.
+    prefix_weight: float = 8.0
+    # No cache credit for a replica scoring more than this above the least loaded one.
+    prefix_load_margin: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,9 @@ class Choice:
     replica_id: str
     # (replica_id, score) of the candidates compared, for the debug log and x-replica header.
     candidates: tuple[tuple[str, float], ...]
-    reason: str  # "p2c", "only", "affinity"
+    reason: str  # "only", "affinity", "p2c"; with prefix data: "prefix" or "load"
+    # (replica_id, cached blocks of the prompt) of the winner and the runner-up, with prefix data.
+    cached_blocks: tuple[tuple[str, int], ...] = ()
 
 
 def score(load: ReplicaLoad, w: ScoreWeights) -> float:
@@ -57,11 +69,21 @@ def choose(
     rng: random.Random,
     weights: ScoreWeights = ScoreWeights(),
     affinity_replica_id: str | None = None,
+    cached_blocks: dict[str, int] | None = None,
+    num_prompt_blocks: int = 0,
 ) -> Choice | None:
-    """The replica for one request, or None when no replica is healthy."""
+    """The replica for one request, or None when no replica is healthy.
+
+    `cached_blocks`: per replica id, how many of the prompt's `num_prompt_blocks` full blocks it
+    holds from the start; None or all zero routes by load alone."""
     healthy = [r for r in loads if r.healthy]
     if not healthy:
         return None
+    if cached_blocks and num_prompt_blocks > 0 and len(healthy) > 1:
+        if any(cached_blocks.get(r.replica_id, 0) for r in healthy):
+            return _by_prefix(
+                healthy, rng, weights, affinity_replica_id, cached_blocks, num_prompt_blocks
+            )
     if affinity_replica_id is not None:
         sticky = next((r for r in healthy if r.replica_id == affinity_replica_id), None)
         if sticky is not None:
@@ -78,3 +100,37 @@ def choose(
     else:
         winner = a if sa < sb else b
     return Choice(winner.replica_id, ((a.replica_id, sa), (b.replica_id, sb)), "p2c")
+
+
+def _by_prefix(
+    healthy: list[ReplicaLoad],
+    rng: random.Random,
+    w: ScoreWeights,
+    affinity_replica_id: str | None,
+    cached_blocks: dict[str, int],
+    num_prompt_blocks: int,
+) -> Choice:
+    # Every candidate, not two at random: the stats are local, and the one holding the prefix
+    # must be among those compared.
+    loads = {r.replica_id: score(r, w) for r in healthy}
+    least = min(loads.values())
+
+    def effective(rid: str) -> float:
+        if loads[rid] > least + w.prefix_load_margin:
+            return loads[rid]
+        return loads[rid] - w.prefix_weight * cached_blocks.get(rid, 0) / num_prompt_blocks
+
+    ranked = sorted(
+        loads,
+        # Ties: the session's replica, then a coin (rng), so equal replicas share the load.
+        key=lambda rid: (effective(rid), rid != affinity_replica_id, rng.random()),
+    )
+    winner, runner_up = ranked[0], ranked[1]
+    cached = cached_blocks.get(winner, 0)
+    credited = cached > 0 and loads[winner] <= least + w.prefix_load_margin
+    return Choice(
+        winner,
+        ((winner, loads[winner]), (runner_up, loads[runner_up])),
+        "prefix" if credited else "load",
+        ((winner, cached), (runner_up, cached_blocks.get(runner_up, 0))),
+    )

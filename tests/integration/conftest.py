@@ -64,6 +64,7 @@ SELF_CONTAINED = ("test_exposure.py", "test_bench_smoke.py", "test_chaos.py")
 OWN_ENGINES = (
     "test_memory_plan.py",
     "test_routing.py",
+    "test_prefix_routing.py",
     "test_autoscaling.py",
     "test_vllm_parity.py",
 )

@@ -1,0 +1,373 @@
+"""Prefix-aware routing against load-only P2C and Ray Serve LLM's PrefixCacheAffinityRouter, on
+two replicas of the default model, one router after the other in one run:
+
+- multi-turn chat: sessions that share a long system prompt, each turn resending the
+  conversation so far, all sessions at once; prefix-cache hit rate (the engine's own count of
+  cached prompt tokens, from `usage.prompt_tokens_details`), TTFT p50/p99, and how far apart
+  the two replicas' queues got;
+- hot prefix: every request shares one long prefix, more at once than one replica batches;
+  how the requests spread over the two replicas.
+
+The same chat workload on one replica gives the ideal hit rate (every turn finds its history).
+
+    .venv/bin/python -m bench.prefix_routing [--sessions 16] [--turns 4]
+
+Results: bench/results/prefix_routing.{json,md}, stamped with commit, date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.peers import machine, systems
+from bench.peers.__main__ import start
+from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
+
+RESULTS = ROOT / "bench" / "results"
+CONFIG = ROOT / "serve_config.yaml"
+WORDS = (
+    "the of and to in is was for on that with as by at from his it an were are which this be "
+    "have or had not but one all their they there been has when who will more if no out so up "
+    "said what its about into than them can only other new some could time these two may then"
+).split()
+ROUTERS = {
+    # name: (routing config, replicas)
+    "prefix-aware": ({"policy": "llm_aware", "prefix_aware": True}, 2),
+    "p2c": ({"policy": "llm_aware", "prefix_aware": False}, 2),
+    "ray-prefix-affinity": ({"policy": "ray_prefix_affinity"}, 2),
+    "one-replica": ({"policy": "llm_aware", "prefix_aware": True}, 1),
+}
+
+
+@dataclass
+class Turn:
+    scenario: str
+    session: int
+    turn: int
+    status: int
+    start_s: float
+    end_s: float
+    ttft_s: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    replica: str
+    route: str
+
+
+def text(rng: random.Random, num_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+
+
+class Platform2(systems.Platform):
+    """The platform with this run's router, replica count and debug headers."""
+
+    def __init__(self, routing: dict, replicas: int, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self._routing, self._replicas = routing, replicas
+
+    def spec(self) -> dict[str, Any]:
+        app = platform_app_args(self.config_path, self.model)
+        m = app["models"][0]
+        m["routing"] = {**m.get("routing", {}), **self._routing, "session_affinity": False}
+        m["deployment"] = {**m.get("deployment", {}), "num_replicas": self._replicas}
+        m["deployment"].pop("autoscaling", None)
+        m["server"] = {
+            **m.get("server", {}),
+            "extra": {**m.get("server", {}).get("extra", {}), "enable_prompt_tokens_details": True},
+        }
+        app["http"] = {**app.get("http", {}), "debug_headers": True}
+        return {"app_args": app}
+
+
+async def chat(
+    c: httpx.AsyncClient, model: str, messages: list[dict], max_tokens: int, tag: dict
+) -> tuple[Turn, str]:
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.monotonic()
+    ttft, answer, usage, status, replica, route = None, [], {}, 0, "", ""
+    try:
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            status = r.status_code
+            replica, route = r.headers.get("x-replica", ""), r.headers.get("x-route", "")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for ch in chunk.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content")
+                    if piece:
+                        if ttft is None:
+                            ttft = time.monotonic() - t0
+                        answer.append(piece)
+    except httpx.HTTPError:
+        status = 0
+    details = usage.get("prompt_tokens_details") or {}
+    turn = Turn(
+        start_s=t0,
+        end_s=time.monotonic(),
+        status=status,
+        ttft_s=ttft,
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        cached_tokens=details.get("cached_tokens") or 0,
+        replica=replica,
+        route=route,
+        **tag,
+    )
+    return turn, "".join(answer)
+
+
+async def multi_turn(base_url: str, model: str, a: argparse.Namespace) -> list[Turn]:
+    system = "You are the support assistant of a large company. " + text(
+        random.Random(0), a.system_words
+    )
+    out: list[Turn] = []
+
+    async def session(c: httpx.AsyncClient, s: int) -> None:
+        rng = random.Random(1000 + s)
+        messages = [{"role": "system", "content": system}]
+        await asyncio.sleep(s * a.stagger_s)
+        for t in range(a.turns):
+            messages.append({"role": "user", "content": text(rng, a.user_words)})
+            turn, answer = await chat(
+                c, model, messages, a.max_tokens, {"scenario": "chat", "session": s, "turn": t}
+            )
+            out.append(turn)
+            messages.append({"role": "assistant", "content": answer})
+            await asyncio.sleep(a.think_s)
+
+    async with _client(base_url) as c:
+        await asyncio.gather(*(session(c, s) for s in range(a.sessions)))
+    return out
+
+
+async def hot_prefix(base_url: str, model: str, a: argparse.Namespace) -> list[Turn]:
+    system = "You answer questions about one manual. " + text(random.Random(7), a.hot_words)
+    out: list[Turn] = []
+    sem = asyncio.Semaphore(a.hot_concurrency)
+
+    async def one(c: httpx.AsyncClient, i: int) -> None:
+        async with sem:
+            messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Question {i}: " + text(random.Random(i), 12)},
+            ]
+            turn, _ = await chat(
+                c, model, messages, a.max_tokens, {"scenario": "hot", "session": i, "turn": 0}
+            )
+            out.append(turn)
+
+    async with _client(base_url) as c:
+        await asyncio.gather(*(one(c, i) for i in range(a.hot_requests)))
+    return out
+
+
+def _client(base_url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=base_url,
+        timeout=600,
+        headers={"Authorization": f"Bearer {TENANTS.sweep}"},
+        limits=httpx.Limits(max_connections=256),
+    )
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(1000 * s[min(len(s) - 1, int(q * len(s)))], 1)
+
+
+def max_queue_gap(turns: list[Turn]) -> int:
+    """The largest difference, at any moment, between the replicas' in-flight requests (as the
+    client saw them: sent and not yet finished)."""
+    replicas = sorted({t.replica for t in turns if t.replica})
+    if len(replicas) < 2:
+        return 0
+    events = sorted((x, d, t.replica) for t in turns for x, d in ((t.start_s, 1), (t.end_s, -1)))
+    current = dict.fromkeys(replicas, 0)
+    gap = 0
+    for _, d, replica in events:
+        if replica in current:
+            current[replica] += d
+            gap = max(gap, max(current.values()) - min(current.values()))
+    return gap
+
+
+def summary(turns: list[Turn]) -> dict[str, Any]:
+    ok = [t for t in turns if t.status == 200]
+    prompt = sum(t.prompt_tokens for t in ok)
+    ttfts = [t.ttft_s for t in ok if t.ttft_s is not None]
+    by_replica: dict[str, int] = {}
+    for t in ok:
+        by_replica[t.replica] = by_replica.get(t.replica, 0) + 1
+    reasons: dict[str, int] = {}
+    for t in ok:
+        reason = dict(kv.split("=", 1) for kv in t.route.split("; ") if "=" in kv).get("reason")
+        reasons[reason or "?"] = reasons.get(reason or "?", 0) + 1
+    later = [t for t in ok if t.turn > 0]
+    return {
+        "requests": len(turns),
+        "served": len(ok),
+        "hit_rate": round(sum(t.cached_tokens for t in ok) / prompt, 4) if prompt else None,
+        "hit_rate_later_turns": round(
+            sum(t.cached_tokens for t in later) / max(1, sum(t.prompt_tokens for t in later)), 4
+        )
+        if later
+        else None,
+        "ttft_p50_ms": _pct(ttfts, 0.5),
+        "ttft_p99_ms": _pct(ttfts, 0.99),
+        "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None,
+        "requests_by_replica": sorted(by_replica.values(), reverse=True),
+        "max_queue_gap": max_queue_gap(ok),
+        "reasons": reasons,
+    }
+
+
+def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[str, Any]:
+    routing, replicas = ROUTERS[name]
+    system = Platform2(routing, replicas, model, port, work_dir, CONFIG)
+    entry: dict[str, Any] = {"routing": routing, "replicas": replicas, "error": None}
+    print(f"== {name} ({replicas} replica(s), log {system.log_path})", flush=True)
+    try:
+        entry["ready_s"], _ = start(system, 900)
+        # One warm-up request that shares nothing with the workloads (first-request costs).
+        asyncio.run(chat_once(system.base_url, model.name))
+        chat_turns = asyncio.run(multi_turn(system.base_url, model.name, a))
+        entry["chat"] = summary(chat_turns)
+        if replicas > 1:
+            hot_turns = asyncio.run(hot_prefix(system.base_url, model.name, a))
+            entry["hot"] = summary(hot_turns)
+            chat_turns += hot_turns
+        entry["turns"] = [asdict(t) for t in chat_turns]
+        print(f"  chat {entry['chat']}\n  hot {entry.get('hot')}", flush=True)
+    except BaseException as e:  # noqa: BLE001 - a failed run must still be stopped and reported
+        entry["error"] = f"{type(e).__name__}: {e}"
+        print(f"  FAILED: {entry['error']}", flush=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+    finally:
+        stop = system.stop()
+        print(f"  stopped in {stop.stop_s} s (clean={stop.clean})", flush=True)
+    return entry
+
+
+async def chat_once(base_url: str, model: str) -> None:
+    async with _client(base_url) as c:
+        await chat(c, model, [{"role": "user", "content": "Hi"}], 4, _WARM)
+
+
+_WARM = {"scenario": "warm", "session": -1, "turn": 0}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    w = doc["workload"]
+    lines = [
+        "# Prefix-aware routing (bench/prefix_routing.py)",
+        "",
+        f"Commit {doc['commit']}, {doc['date']}, {doc['machine']}. Default model, "
+        f"{doc['routers']['prefix-aware']['replicas']} replicas; `python -m bench.prefix_routing`.",
+        "",
+        f"Chat: {w['sessions']} sessions at once, {w['turns']} turns each, a shared system prompt "
+        f"of {w['system_words']} words (~{w['system_words'] * 13 // 10} tokens), "
+        f"{w['user_words']} words per user turn, {w['max_tokens']} tokens per answer. Hit rate: "
+        "prompt tokens the engine found in its prefix cache (`usage.prompt_tokens_details`). "
+        "Queue gap: the largest difference in in-flight requests between the two replicas.",
+        "",
+        "| router | hit rate | of ideal | later turns | TTFT p50 ms | TTFT p99 ms | requests "
+        "per replica | queue gap | decisions |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ideal = (doc["routers"].get("one-replica", {}).get("chat") or {}).get("hit_rate")
+    for name, r in doc["routers"].items():
+        c = r.get("chat")
+        if not c:
+            lines.append(f"| {name} | failed: {r.get('error')} |||||||")
+            continue
+        of_ideal = f"{c['hit_rate'] / ideal:.0%}" if ideal and c["hit_rate"] is not None else "-"
+        lines.append(
+            f"| {name} | {c['hit_rate']:.1%} | {of_ideal} | {c['hit_rate_later_turns']:.1%} | "
+            f"{c['ttft_p50_ms']} | {c['ttft_p99_ms']} | {c['requests_by_replica']} | "
+            f"{c['max_queue_gap']} | {c['reasons']} |"
+        )
+    lines += [
+        "",
+        f"Hot prefix: {w['hot_requests']} requests, {w['hot_concurrency']} at once, all sharing "
+        f"a {w['hot_words']}-word system prompt.",
+        "",
+        "| router | hit rate | TTFT p50 ms | TTFT p99 ms | requests per replica | queue gap |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["routers"].items():
+        h = r.get("hot")
+        if h:
+            lines.append(
+                f"| {name} | {h['hit_rate']:.1%} | {h['ttft_p50_ms']} | {h['ttft_p99_ms']} | "
+                f"{h['requests_by_replica']} | {h['max_queue_gap']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--system-words", type=int, default=900)
+    p.add_argument("--user-words", type=int, default=110)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--think-s", type=float, default=0.5)
+    p.add_argument("--stagger-s", type=float, default=0.25)
+    p.add_argument("--hot-words", type=int, default=1100)
+    p.add_argument("--hot-requests", type=int, default=64)
+    p.add_argument("--hot-concurrency", type=int, default=48)
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--port", type=int, default=18620)
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    a = p.parse_args()
+    _, _, cfg = default_model_config(CONFIG)
+    from serve_app import model_source
+    from serve_app.config import AppConfig
+
+    cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
+    path = Path(model_source.resolve(cfg, cache, progress=True))
+    model = Model(cfg.name, path, {}, cfg.engine.cpu_kv_cache_space_gib)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
+    work_dir = Path("/tmp/llmserve-prefix-routing") / stamp
+    doc: dict[str, Any] = {
+        "commit": machine._git("rev-parse", "--short", "HEAD"),
+        "date": dt.date.today().isoformat(),
+        "machine": f"{machine.cpu_model()}, {os.cpu_count()} logical CPUs",
+        "workload": {k: v for k, v in vars(a).items() if k not in ("out_dir", "routers", "port")},
+        "routers": {},
+    }
+    for i, name in enumerate(a.routers.split(",")):
+        doc["routers"][name] = run_router(name, a.port + 10 * i, model, a, work_dir)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    (a.out_dir / "prefix_routing.json").write_text(json.dumps(doc, indent=1))
+    (a.out_dir / "prefix_routing.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
