@@ -5,8 +5,8 @@ deadlines, priority, metrics and traces. The request itself is vLLM's: the Route
 fields admission needs, rewrites the ones the platform decides (the tenant's max_tokens cap, its
 priority), forwards the body to a replica, and relays the replica's reply as it comes: ready
 bytes, several tokens per item, never parsed. The HTTP routes and the Python handle methods share
-one path (`_open`), so a Ray app calling `chat_completions` through a DeploymentHandle gets the
-same admission and errors as an HTTP client.
+one path (`Dispatcher.open`, deployments/dispatch.py), so a Ray app calling `chat_completions`
+through a DeploymentHandle gets the same admission and errors as an HTTP client.
 """
 
 from __future__ import annotations
@@ -25,36 +25,23 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from deployments import route_notes
 from deployments.admission_gate import Gate, Ticket
+from deployments.dispatch import Dispatcher
 from deployments.http_app import http_app, read_body
 from deployments.reply_relay import ReplyRelay
-from deployments.request_log import RequestTrail
 from deployments.request_path import (
-    OpenReply,
     SseChunks,
     body_size,
     health_counts,
     outcome_of,
-    session_of,
     unless_disconnected,
 )
 from serve_app import openapi_docs, tracing
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.metrics import RouterMetrics
-from serve_app.openai_protocol import OpenAIError, parse_json_body, read_fields, rewrite_body
-from serve_app.replica_call import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    GENERATION_PATHS,
-    ReplicaRequest,
-)
-from serve_app.tenancy import (
-    TenantDirectory,
-    estimate_prompt_tokens,
-    model_not_found,
-    request_terms,
-)
+from serve_app.openai_protocol import OpenAIError, parse_json_body
+from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH
+from serve_app.tenancy import TenantDirectory
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 0.1  # queue expiry resolution
@@ -84,15 +71,15 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
-        self._by_priority = {
-            m.name: m.engine.scheduling_policy == "priority" for m in self._config.models
-        }
         # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
         # deadlines (one timer for all instead of a timeout around every item).
         self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
         self._relay = ReplyRelay(self._gate, self._dispatched)
-        self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         self._metrics = RouterMetrics()
+        self._dispatch = Dispatcher(
+            self._config, llm_handles, self._gate, self._relay, self._metrics
+        )
+        self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         tracing.configure_tracing(**self._config.tracing.model_dump())
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
 
@@ -225,7 +212,7 @@ class Router:
 
     async def _http(self, request: Request, path: str):
         request_id = request.scope.get("state", {}).get("request_id") or str(uuid.uuid4())
-        trail = self._trail(path, request_id)
+        trail = self._dispatch.trail(path, request_id)
         try:
             # The key is checked before the body is even read: no work for strangers.
             with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
@@ -240,7 +227,7 @@ class Router:
             body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
             headers = tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k)))
-            reply = await self._open(
+            reply = await self._dispatch.open(
                 path,
                 body,
                 len(raw),
@@ -268,10 +255,6 @@ class Router:
         trail.finish("ok" if head.status < 400 else str(head.status))
         return Response(content, status_code=head.status, media_type=head.content_type)
 
-    def _trail(self, path: str, request_id: str) -> RequestTrail:
-        kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion"}.get(path, path.rsplit("/")[-1])
-        return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
-
     # -------------------------------------------------------------------- handle API (Python)
 
     async def chat_completions(self, body: dict[str, Any], api_key: str | None = None) -> dict:
@@ -296,12 +279,14 @@ class Router:
 
     async def _handle_call(self, path: str, body: dict[str, Any], api_key: str | None) -> dict:
         request_id = str(uuid.uuid4())
-        trail = self._trail(path, request_id)
+        trail = self._dispatch.trail(path, request_id)
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
             self._gate.precheck(tenant)
-            reply = await self._open(path, body, body_size(body), tenant, request_id, trail=trail)
+            reply = await self._dispatch.open(
+                path, body, body_size(body), tenant, request_id, trail=trail
+            )
             content = await self._relay.collect(reply)
             if reply.head.status >= 400:
                 raise OpenAIError.from_reply(reply.head.status, content)
@@ -313,12 +298,14 @@ class Router:
 
     async def _handle_stream(self, path: str, body: dict[str, Any], api_key: str | None):
         request_id = str(uuid.uuid4())
-        trail = self._trail(path, request_id)
+        trail = self._dispatch.trail(path, request_id)
         trail.stream = True
         try:
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
-            reply = await self._open(path, body, body_size(body), tenant, request_id, trail=trail)
+            reply = await self._dispatch.open(
+                path, body, body_size(body), tenant, request_id, trail=trail
+            )
             if not reply.head.is_stream:
                 raise OpenAIError.from_reply(reply.head.status, await self._relay.collect(reply))
             chunks = SseChunks()
@@ -336,93 +323,3 @@ class Router:
 
     def _auth(self, api_key: str | None) -> TenantConfig:
         return self._directory.authenticate(f"Bearer {api_key}" if api_key else None)
-
-    # ---------------------------------------------------------------------------------- core
-
-    async def _open(
-        self,
-        path: str,
-        body: dict[str, Any],
-        body_size: int,
-        tenant: TenantConfig,
-        request_id: str,
-        headers: tuple[tuple[str, str], ...] = (),
-        session_id: str | None = None,
-        trail: RequestTrail | None = None,
-    ) -> OpenReply:
-        """Admits, forwards and waits for the reply's head; raises OpenAIError."""
-        trail = trail or self._trail(path, request_id)
-        trail.priority = tenant.priority
-        fields = read_fields(body, self._config.http.max_n)
-        handle = self._handles.get(fields.model)
-        model = self._config.model(fields.model)
-        if handle is None:
-            raise model_not_found(fields.model)  # the same words as "not yours"
-        generates = path in GENERATION_PATHS
-        terms = request_terms(
-            tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
-        )
-        num_tokens = estimate_prompt_tokens(body_size)
-        if generates:
-            num_tokens += terms.max_tokens * fields.n
-        trail.model = fields.model
-        # A refusal (429, 503) is an answer, not a crash: no traceback on the span. Formatting
-        # one for every 429 of a flood took a tenth of the Router's event loop.
-        with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
-            ticket = await self._gate.admit(tenant, fields.model, num_tokens, terms.timeout_s)
-            span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
-        trail.queue_wait_s = ticket.queue_wait_s
-        reply_headers = dict(ticket.rate_headers)
-        if terms.max_tokens_clamped_from is not None:
-            reply_headers["x-max-tokens-clamped"] = (
-                f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
-            )
-        try:
-            priority = self._gate.priority(tenant) if self._by_priority[fields.model] else None
-            forwarded = (
-                rewrite_body(body)
-                if not generates
-                else rewrite_body(
-                    body,
-                    default_max_tokens=model.max_tokens_default,
-                    max_tokens_cap=tenant.max_tokens_cap,
-                    priority=priority,
-                )
-            )
-            with tracing.tracer.start_as_current_span("dispatch") as span:
-                trace_headers = tuple(tracing.current_trace_headers().items())
-                request = ReplicaRequest(
-                    request_id,
-                    path,
-                    forwarded,
-                    (
-                        *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
-                        *trace_headers,
-                        ("x-request-id", request_id),
-                        *(
-                            ()
-                            if any(k == "content-type" for k, _ in headers)
-                            else (("content-type", "application/json"),)
-                        ),
-                    ),
-                )
-                dispatched_s = time.monotonic()
-                stream, head = await self._relay.dispatch(
-                    handle, request, ticket, session_id or session_of(body)
-                )
-                span.set_attribute("llmserve.replica", head.replica_id)
-                route = route_notes.take(request_id)
-                if route is not None:
-                    span.set_attributes(route.attributes())
-        except BaseException:
-            self._gate.finish(ticket, 0)
-            raise
-        trail.first_s = time.monotonic()
-        trail.replica = head.replica_id
-        if self._config.http.debug_headers and head.replica_id:
-            reply_headers["x-replica"] = head.replica_id
-            if route is not None:
-                reply_headers["x-route"] = route.header()
-        # Not the current span: the reply is consumed later, possibly in another task.
-        span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
-        return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)

@@ -6,7 +6,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from ray.serve import Application
@@ -15,9 +21,11 @@ from ray.serve.config import RequestRouterConfig
 from autoscaling.policy import AutoscalingParams
 from deployments.llm_server import LLMServer
 from deployments.router import Router
-from serve_app import model_source
+from serve_app import model_source, vllm_args
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.ray_env import REPLICA_ENV
+
+logger = logging.getLogger(__name__)
 
 
 def deployment_name(model: ModelConfig) -> str:
@@ -90,6 +98,55 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
     }
 
 
+FLAG_CHECK_TIMEOUT_S = 300.0  # importing vllm takes 5-20 s; a stuck check must not stop a deploy
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_engine_flags(models: list[ModelConfig]) -> None:
+    """vLLM's own parser over the argv of every model that passes flags of its own
+    (`engine.extra`, `server.extra`: nothing of ours checks those), so that a bad one stops the
+    deploy naming the model instead of every replica failing at start.
+
+    In a subprocess (deployments/engine/vllm_engine.py), so that the driver never loads vllm or
+    torch. Where the check cannot run (no vllm here, a timeout), it says so and passes: each
+    replica still parses its flags at start."""
+    checked = [m for m in models if m.source != "simulated" and (m.engine.extra or m.server.extra)]
+    if not checked:
+        return
+    argvs = [vllm_args.launch(m, m.source).argv for m in checked]
+    path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "deployments.engine.vllm_engine"],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            timeout=FLAG_CHECK_TIMEOUT_S,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        logger.warning("vLLM's flags not checked before deploying (%r); replicas parse them", e)
+        return
+    prefix = vllm_args.FLAG_CHECK_PREFIX
+    answers = [line[len(prefix) :] for line in run.stdout.splitlines() if line.startswith(prefix)]
+    if run.returncode != 0 or len(answers) != 1:
+        logger.warning(
+            "vLLM's flags not checked before deploying (exit %d: %s); replicas parse them",
+            run.returncode,
+            run.stderr.strip()[-500:],
+        )
+        return
+    errors = json.loads(answers[0])
+    refused = [
+        f"model {m.name!r}: vLLM refuses its flags: {error}. Fix: engine.extra takes "
+        "vllm.AsyncEngineArgs fields and server.extra `vllm serve` flags, by their argument names"
+        for m, error in zip(checked, errors)
+        if error
+    ]
+    if refused:
+        raise ValueError("; ".join(refused))
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
     if not config.tenants:
@@ -102,6 +159,7 @@ def build_app(args: dict[str, Any]) -> Application:
     # Fail here, with the model's name and the fix, rather than in a replica crash loop.
     for model in config.models:
         model_source.check(model, cache_dir)
+    check_engine_flags(config.models)
     handles = {}
     for model in config.models:
         d = model.deployment

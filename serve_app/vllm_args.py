@@ -13,6 +13,10 @@ from typing import Any
 
 from serve_app.config import ModelConfig
 
+# Marks the deploy-time flag check's answer among whatever vllm prints on stdout as it imports
+# (deployments/engine/vllm_engine.py writes it, serve_app/app.py reads it).
+FLAG_CHECK_PREFIX = "llmserve-flag-check: "
+
 
 @dataclass(frozen=True)
 class VllmLaunch:

@@ -1,7 +1,8 @@
 """The vLLM implementation of the engine seam: `vllm serve`, in-process, without its socket.
 
 The only module that imports vllm. It parses the model's flags with vLLM's own argument parser
-(the argv `vllm serve` would get, from serve_app/vllm_args.py), starts one AsyncLLM (V1 engine)
+(the argv `vllm serve` would get, from serve_app/vllm_args.py; `python -m` on this module runs
+that parser alone, build_app's check before a deploy), starts one AsyncLLM (V1 engine)
 and builds vLLM's own FastAPI app and serving state over it (`build_app`, `init_app_state`), so
 every request is validated, answered and streamed by vLLM's code: logprobs, structured output,
 tool calls and vLLM's extra parameters work as they do against `vllm serve`.
@@ -14,12 +15,14 @@ are read into the set of blocks it holds (kv_events.py).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
+import sys
 import time
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -40,6 +43,19 @@ from serve_app.policies.prefix_cache import HASH_ALGOS
 from serve_app.replica_call import FORWARDED_PATHS, CachedBlocks, EngineStats
 
 logger = logging.getLogger(__name__)
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """vLLM's own parsing of the argv `vllm serve` would get (serve_app/vllm_args.py). A flag or
+    value it refuses raises ValueError with argparse's message, where argparse itself would print
+    the whole usage of `vllm serve` and exit with code 2."""
+    parser = make_arg_parser(FlexibleArgumentParser())
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser.parse_args(argv)
 
 
 class _LastSchedulerStats(StatLoggerBase):
@@ -117,7 +133,7 @@ class VLLMEngine:
         argv = launch.argv
         if self._kv_events is not None:
             argv = [*argv, "--kv-events-config", json.dumps(self._kv_events.config())]
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+        args = parse_serve_args(argv)
         validate_parsed_serve_args(args)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -217,3 +233,21 @@ class VLLMEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def _check_flags() -> None:
+    """`python -m deployments.engine.vllm_engine`: argv lists (JSON on stdin) through vLLM's
+    parser; one line out, the prefix then each one's error (or null), as JSON. build_app runs it
+    in a subprocess (serve_app/app.py), so that the driver itself never loads vllm or torch."""
+    errors = []
+    for argv in json.load(sys.stdin):
+        try:
+            parse_serve_args(argv)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    print(vllm_args.FLAG_CHECK_PREFIX + json.dumps(errors), flush=True)
+
+
+if __name__ == "__main__":
+    _check_flags()

@@ -11,6 +11,7 @@ import pytest
 from deployments.engine.vllm_engine import VLLMEngine
 from serve_app.config import EngineConfig, ModelConfig
 from serve_app.policies import memory_plan as mp
+from serve_app.policies import weights
 from tests.integration.conftest import DEFAULT
 
 pytestmark = pytest.mark.integration
@@ -40,8 +41,8 @@ async def _vllm_cache_config(model_dir):
 
 def test_planner_predicts_vllm_kv_blocks_on_cpu(model_dirs):
     model_dir = model_dirs[DEFAULT]
-    shape = mp.ModelShape.from_hf_config(mp.load_hf_config(model_dir))
-    plan = mp.plan_cpu(shape, mp.scheme("bf16"), kv_cache_space_bytes=KV_SPACE_GIB * mp.GiB)
+    shape = weights.ModelShape.from_hf_config(weights.load_hf_config(model_dir))
+    plan = mp.plan_cpu(shape, weights.scheme("bf16"), kv_cache_space_bytes=KV_SPACE_GIB * mp.GiB)
 
     vllm_blocks, vllm_block_size = asyncio.run(_vllm_cache_config(model_dir))
 

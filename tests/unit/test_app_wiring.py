@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import subprocess
+
 import pytest
 from pydantic import ValidationError
 
@@ -62,6 +66,60 @@ def test_engine_extra_clash_fails_at_build():
         build_app(
             {"models": [{"name": "m", "source": "org/m", "engine": {"extra": {"model": "x"}}}]}
         )
+
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM's own parser checks the flags"
+)
+OWN_FLAGS = {
+    "engine": {"extra": {"structured_outputs_config": {"backend": "xgrammar"}, "block_size": 16}},
+    "server": {"extra": {"max_log_len": 100}},
+}
+
+
+@needs_vllm
+def test_a_flag_vllm_refuses_stops_the_build_naming_the_model():
+    args = {
+        "models": [
+            {"name": "fine", "source": "org/m", **OWN_FLAGS},
+            {"name": "typo", "source": "org/m", "engine": {"extra": {"max_num_sequences": 8}}},
+            {"name": "sim", "source": "simulated", "engine": {"extra": {"whatever": 1}}},
+        ]
+    }
+    with pytest.raises(ValueError) as ei:
+        build_app(args)
+    msg = str(ei.value)
+    assert "model 'typo': vLLM refuses its flags" in msg
+    assert "unrecognized arguments: --max-num-sequences" in msg
+    assert "'fine'" not in msg and "'sim'" not in msg  # a simulated engine takes no vLLM flags
+
+
+@needs_vllm
+def test_flags_vllm_accepts_build():
+    app = build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
+    _, handles = app._bound_deployment.init_args
+    model, _ = handles["m"]._bound_deployment.init_args
+    assert model.engine.extra == OWN_FLAGS["engine"]["extra"]
+
+
+def test_only_models_with_flags_of_their_own_start_the_check(monkeypatch):
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("the typed engine args need no vLLM parser")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    build_app({"models": [{"name": "m", "source": "org/m", "engine": {"max_num_seqs": 8}}]})
+
+
+def test_a_check_that_cannot_run_lets_the_replicas_parse(monkeypatch, caplog):
+    def no_vllm(argv, **kwargs):
+        return subprocess.CompletedProcess(
+            argv, 1, "", "ModuleNotFoundError: No module named 'vllm'"
+        )
+
+    monkeypatch.setattr(subprocess, "run", no_vllm)
+    with caplog.at_level(logging.WARNING, logger="serve_app.app"):
+        build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
+    assert "No module named 'vllm'" in caplog.text and "replicas parse them" in caplog.text
 
 
 def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):

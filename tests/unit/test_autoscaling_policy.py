@@ -1,83 +1,20 @@
 """The queue-length autoscaling policy (autoscaling/policy.py): pure, a fake clock of plain floats.
+Its load, scaling up and down, and no flapping; the bounds, scaling to and from zero and the
+parameters: test_autoscaling_bounds.py.
 
-Most cases drive `decide` through `Cluster`, a fake that feeds the policy one load sample a second
-and brings requested replicas up `ready_after_s` later, so that "current" and "target" replicas
-behave as they do under Ray Serve.
+Most cases drive `decide` through `Cluster` (tests/unit/autoscaling_helpers.py), a fake that feeds
+the policy one load sample a second and brings requested replicas up `ready_after_s` later, so
+that "current" and "target" replicas behave as they do under Ray Serve.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
 
 import pytest
 
-from autoscaling.policy import AutoscalingParams, PolicyState, Signals, decide, desired_for
-
-P = AutoscalingParams(
-    min_replicas=1,
-    max_replicas=8,
-    target_per_replica=16.0,
-    upscale_delay_s=5.0,
-    downscale_delay_s=60.0,
-    downscale_headroom=0.8,
-    replica_start_s=60.0,
-    scale_to_zero_after_s=300.0,
-)
-
-
-def signals(now_s=0.0, current=1, target=1, queued=0.0, running=0.0, waiting=0.0) -> Signals:
-    return Signals(
-        now_s=now_s,
-        current_replicas=current,
-        target_replicas=target,
-        router_queued=queued,
-        engine_running=running,
-        engine_waiting=waiting,
-    )
-
-
-@dataclass
-class Cluster:
-    """Requested replicas become ready `ready_after_s` later; removals take starting ones first."""
-
-    params: AutoscalingParams
-    target: int = 1
-    ready_after_s: float | None = None  # default: params.replica_start_s
-    ready_at_s: list[float] = field(default_factory=list)
-    state: PolicyState = field(default_factory=PolicyState)
-    history: list[tuple[float, int]] = field(default_factory=list)  # (now_s, target) per step
-
-    def __post_init__(self) -> None:
-        self.ready_at_s = [float("-inf")] * self.target
-        self.initial_target = self.target
-
-    def current(self, now_s: float) -> int:
-        return sum(1 for t in self.ready_at_s if t <= now_s)
-
-    def step(self, now_s: float, load: float) -> int:
-        s = signals(now_s, self.current(now_s), self.target, queued=load)
-        new_target, self.state = decide(s, self.params, self.state)
-        delay = self.params.replica_start_s if self.ready_after_s is None else self.ready_after_s
-        while len(self.ready_at_s) < new_target:
-            self.ready_at_s.append(now_s + delay)
-        if new_target < len(self.ready_at_s):
-            self.ready_at_s = sorted(self.ready_at_s)[:new_target]  # drop starting ones first
-        self.target = new_target
-        self.history.append((now_s, new_target))
-        return new_target
-
-    def run(self, loads, t0_s: float = 0.0, dt_s: float = 1.0) -> list[int]:
-        return [self.step(t0_s + i * dt_s, load) for i, load in enumerate(loads)]
-
-    def changes(self) -> list[tuple[float, int, int]]:
-        """(now_s, from, to) for each change of the target."""
-        out, prev = [], self.initial_target
-        for now_s, target in self.history:
-            if target != prev:
-                out.append((now_s, prev, target))
-            prev = target
-        return out
+from autoscaling.policy import AutoscalingParams, PolicyState, decide, desired_for
+from tests.unit.autoscaling_helpers import Cluster, P, signals
 
 
 def first_change_s(cluster: Cluster) -> float | None:
@@ -230,52 +167,6 @@ def test_upscale_intent_cancels_downscale_intent():
     assert (n, state.want_down_since_s, state.want_up_since_s) == (3, None, 1.0)
 
 
-# -- bounds ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "case, params, target, load, expected",
-    [
-        ("load wants more than max", P, 8, 10_000.0, 8),
-        ("idle at min stays at min", AutoscalingParams(min_replicas=2), 2, 0.0, 2),
-        ("target below min is raised at once", AutoscalingParams(min_replicas=2), 1, 0.0, 2),
-        ("target zero below min is raised at once", AutoscalingParams(min_replicas=2), 0, 0.0, 2),
-        (
-            "target above max (max lowered) is cut at once",
-            AutoscalingParams(max_replicas=4),
-            6,
-            0.0,
-            4,
-        ),
-        (
-            "target above max under load is cut at once",
-            AutoscalingParams(max_replicas=4),
-            6,
-            500.0,
-            4,
-        ),
-    ],
-)
-def test_bounds_apply_at_once(case, params, target, load, expected):
-    n, _ = decide(signals(0.0, current=target, target=target, queued=load), params, PolicyState())
-    assert n == expected, case
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_never_outside_bounds_under_random_load(seed):
-    rng = random.Random(seed)
-    params = AutoscalingParams(
-        min_replicas=2,
-        max_replicas=5,
-        upscale_delay_s=2.0,
-        downscale_delay_s=10.0,
-        replica_start_s=5.0,
-    )
-    cluster = Cluster(params, target=2)
-    cluster.run([rng.choice([0.0, 5.0, 40.0, 90.0, 400.0]) for _ in range(2000)])
-    assert all(2 <= t <= 5 for _, t in cluster.history)
-
-
 # -- no flapping -----------------------------------------------------------------------
 
 
@@ -309,99 +200,3 @@ def test_no_flapping_under_noisy_load_around_the_threshold(seed, base):
     # The same load flaps a policy without delays or headroom: the test can see flapping.
     naive = Cluster(NAIVE, target=2)
     assert direction_changes(naive.run(loads)) > 50
-
-
-# -- scale to and from zero ------------------------------------------------------------
-
-Z = AutoscalingParams(min_replicas=0, max_replicas=4, scale_to_zero_after_s=300.0)
-
-
-@pytest.mark.parametrize(
-    "case, params, load, expected",
-    [
-        ("any load starts one replica at once, no delay", Z, 1.0, 1),
-        ("even a large load starts one first", Z, 500.0, 1),
-        ("min 0 and no load stays at zero", Z, 0.0, 0),
-    ],
-)
-def test_from_zero(case, params, load, expected):
-    n, state = decide(signals(0.0, current=0, target=0, queued=load), params, PolicyState())
-    assert n == expected, case
-    if expected == 1:
-        assert state.last_change_s == 0.0 and state.last_direction == +1
-
-
-def test_from_zero_then_the_rest_once_the_first_is_up():
-    cluster = Cluster(Z, target=0, ready_after_s=30.0)
-    cluster.run([100.0] * 80)
-    # One at once; the rest waits until that one is up (here after 30 s), by when the excess
-    # has lasted longer than the upscale delay.
-    assert cluster.changes() == [(0.0, 0, 1), (30.0, 1, 4)]
-
-
-def test_scale_to_zero_after_idle_period():
-    cluster = Cluster(Z, target=1)
-    cluster.run([0.0] * 400)
-    assert cluster.changes() == [(300.0, 1, 0)]
-
-
-def test_load_resets_the_idle_clock():
-    cluster = Cluster(Z, target=1)
-    cluster.run([0.0] * 200 + [1.0] + [0.0] * 350)
-    assert cluster.changes() == [(501.0, 1, 0)]
-
-
-def test_min_one_never_goes_to_zero():
-    cluster = Cluster(P, target=1)
-    cluster.run([0.0] * 1000)
-    assert cluster.changes() == []
-
-
-def test_scale_to_zero_from_several_replicas_waits_for_the_idle_period():
-    cluster = Cluster(replace(Z, downscale_delay_s=600.0), target=3)
-    cluster.run([0.0] * 400)
-    assert cluster.changes() == [(300.0, 3, 0)]
-
-
-# -- params ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(min_replicas=3, max_replicas=2),
-        dict(min_replicas=-1),
-        dict(min_replicas=0, max_replicas=0),
-        dict(target_per_replica=0),
-        dict(target_per_replica=-1),
-        dict(downscale_headroom=0),
-        dict(downscale_headroom=1.01),
-        dict(upscale_delay_s=-1),
-        dict(downscale_delay_s=-0.5),
-        dict(replica_start_s=-1),
-        dict(scale_to_zero_after_s=-1),
-    ],
-)
-def test_params_validation(kwargs):
-    with pytest.raises(ValueError):
-        AutoscalingParams(**kwargs)
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(),
-        dict(min_replicas=0, max_replicas=1),
-        dict(min_replicas=4, max_replicas=4),
-        dict(downscale_headroom=1.0, upscale_delay_s=0, downscale_delay_s=0, replica_start_s=0),
-    ],
-)
-def test_params_accepted(kwargs):
-    AutoscalingParams(**kwargs)
-
-
-def test_decide_is_pure():
-    s, state = signals(10.0, current=2, target=2, queued=70), PolicyState(want_up_since_s=1.0)
-    first = decide(s, P, state)
-    assert decide(s, P, state) == first
-    assert state == PolicyState(want_up_since_s=1.0)  # the input state is not mutated

@@ -296,7 +296,7 @@ def test_autoscaling_defaults_are_the_policys_and_the_simulations():
     import dataclasses
 
     from autoscaling.policy import AutoscalingParams
-    from autoscaling.simulate import SIM_PARAMS
+    from autoscaling.simulator import SIM_PARAMS
     from serve_app.config import AutoscalingOptions
 
     options, params = AutoscalingOptions(), AutoscalingParams()

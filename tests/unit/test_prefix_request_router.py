@@ -15,7 +15,7 @@ from deployments import route_notes  # noqa: E402
 from deployments.request_router import LLMAwareRequestRouter  # noqa: E402
 from serve_app.policies.prefix_cache import block_keys  # noqa: E402
 from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest  # noqa: E402
-from tests.unit.test_request_router import FakeReplica  # noqa: E402
+from tests.unit.router_helpers import FakeReplica  # noqa: E402
 
 BLOCK = 4
 

@@ -1,7 +1,7 @@
-"""The trace-driven autoscaling simulator (autoscaling/simulate.py) and the issue's acceptance
-check: on the daily trace the policy uses at most 60% of the replica-seconds of fixed peak
-provisioning, keeps at least 99% of requests within the TTFT target, and changes direction at
-most 3 times in 10 minutes. Pure numpy and the policy function: no Ray."""
+"""The trace-driven autoscaling simulator (autoscaling/simulator.py, simulate.py) and the
+issue's acceptance check: on the daily trace the policy uses at most 60% of the replica-seconds
+of fixed peak provisioning, keeps at least 99% of requests within the TTFT target, and changes
+direction at most 3 times in 10 minutes. Pure numpy and the policy function: no Ray."""
 
 from __future__ import annotations
 
@@ -15,20 +15,17 @@ from autoscaling.policy import AutoscalingParams
 from autoscaling.simulate import (
     MAX_COST_VS_FIXED,
     MAX_DIRECTION_CHANGES_PER_10_MIN,
-    SIM_PARAMS,
     TTFT_OBJECTIVE,
     TTFT_TARGET_S,
-    ReplicaModel,
-    arrivals,
     check_targets,
     direction_changes,
     figures,
     fixed_replicas_for_peak,
     main,
     meets_ttft,
-    simulate,
     ttft_s,
 )
+from autoscaling.simulator import SIM_PARAMS, ReplicaModel, arrivals, simulate
 from autoscaling.traces import Trace, daily_trace, spike_trace
 
 MODEL = ReplicaModel()
