@@ -227,6 +227,11 @@ def summary(turns: list[Turn]) -> dict[str, Any]:
         reason = dict(kv.split("=", 1) for kv in t.route.split("; ") if "=" in kv).get("reason")
         reasons[reason or "?"] = reasons.get(reason or "?", 0) + 1
     later = [t for t in ok if t.turn > 0]
+    gaps = [
+        float(r["load"]) - float(r["runner_up_load"])
+        for r in (dict(kv.split("=", 1) for kv in t.route.split("; ") if "=" in kv) for t in ok)
+        if r.get("runner_up")
+    ]
     return {
         "requests": len(turns),
         "served": len(ok),
@@ -241,6 +246,9 @@ def summary(turns: list[Turn]) -> dict[str, Any]:
         "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None,
         "requests_by_replica": sorted(by_replica.values(), reverse=True),
         "max_queue_gap": max_queue_gap(ok),
+        # The chosen replica's load score less the runner-up's, at each decision (our router's
+        # x-route header): how far above the other a replica was when it still got a request.
+        "max_load_gap_at_choice": max(gaps) if gaps else None,
         "reasons": reasons,
     }
 
@@ -252,8 +260,9 @@ def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[st
     print(f"== {name} ({replicas} replica(s), log {system.log_path})", flush=True)
     try:
         entry["ready_s"], _ = start(system, 900)
-        # One warm-up request that shares nothing with the workloads (first-request costs).
-        asyncio.run(chat_once(system.base_url, model.name))
+        # Warm-up requests that share nothing with the workloads (first-request costs), until
+        # every replica has answered one: the model answers once its first replica is up.
+        entry["replicas_ready_s"] = asyncio.run(warm_up(system.base_url, model.name, replicas))
         chat_turns = asyncio.run(multi_turn(system.base_url, model.name, a))
         entry["chat"] = summary(chat_turns)
         if replicas > 1:
@@ -273,9 +282,24 @@ def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[st
     return entry
 
 
-async def chat_once(base_url: str, model: str) -> None:
+async def warm_up(base_url: str, model: str, replicas: int, timeout_s: float = 900) -> float:
+    t0 = time.monotonic()
+    seen: set[str] = set()
     async with _client(base_url) as c:
-        await chat(c, model, [{"role": "user", "content": "Hi"}], 4, _WARM)
+        while len(seen) < replicas:
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"only replicas {seen} answered within {timeout_s} s")
+            # Different words each time: a text-matching router would send "Hi" to one replica.
+            rng = random.Random(len(seen) * 1000 + int(time.monotonic()))
+            turns = await asyncio.gather(
+                *(
+                    chat(c, model, [{"role": "user", "content": text(rng, 8)}], 2, _WARM)
+                    for _ in range(4)
+                )
+            )
+            seen |= {t.replica for t, _ in turns if t.status == 200}
+            await asyncio.sleep(1)
+    return round(time.monotonic() - t0, 1)
 
 
 _WARM = {"scenario": "warm", "session": -1, "turn": 0}
@@ -293,71 +317,98 @@ def markdown(doc: dict[str, Any]) -> str:
         f"of {w['system_words']} words (~{w['system_words'] * 13 // 10} tokens), "
         f"{w['user_words']} words per user turn, {w['max_tokens']} tokens per answer. Hit rate: "
         "prompt tokens the engine found in its prefix cache (`usage.prompt_tokens_details`). "
-        "Queue gap: the largest difference in in-flight requests between the two replicas.",
+        "Queue gap: the largest difference in in-flight requests between the two replicas as the "
+        "client saw them (sent, not finished: the Router's queue included). Load gap: the chosen "
+        "replica's load score less the runner-up's at each decision, at most (x-route; our "
+        "router only).",
         "",
+        *(
+            [
+                f"On this host ({doc['machine']}) the two replicas' engines share the same "
+                "cores: a router that sends every request to one replica leaves the other "
+                "engine idle and its one engine all the CPU, so its TTFT is that of one replica "
+                "(the last row), not of a pair. Here TTFT compares fairly only between the routers "
+                "that spread load (prefix-aware, p2c); hit rates and spread hold on any host.",
+                "",
+            ]
+            if doc.get("logical_cpus", 0) <= 4
+            else []
+        ),
         "| router | hit rate | of ideal | later turns | TTFT p50 ms | TTFT p99 ms | requests "
-        "per replica | queue gap | decisions |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "per replica | queue gap | load gap | decisions |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ideal = (doc["routers"].get("one-replica", {}).get("chat") or {}).get("hit_rate")
     for name, r in doc["routers"].items():
         c = r.get("chat")
         if not c:
-            lines.append(f"| {name} | failed: {r.get('error')} |||||||")
+            lines.append(f"| {name} | failed: {r.get('error')} ||||||||")
             continue
         of_ideal = f"{c['hit_rate'] / ideal:.0%}" if ideal and c["hit_rate"] is not None else "-"
         lines.append(
             f"| {name} | {c['hit_rate']:.1%} | {of_ideal} | {c['hit_rate_later_turns']:.1%} | "
             f"{c['ttft_p50_ms']} | {c['ttft_p99_ms']} | {c['requests_by_replica']} | "
-            f"{c['max_queue_gap']} | {c['reasons']} |"
+            f"{c['max_queue_gap']} | {c['max_load_gap_at_choice']} | {c['reasons']} |"
         )
     lines += [
         "",
         f"Hot prefix: {w['hot_requests']} requests, {w['hot_concurrency']} at once, all sharing "
         f"a {w['hot_words']}-word system prompt.",
         "",
-        "| router | hit rate | TTFT p50 ms | TTFT p99 ms | requests per replica | queue gap |",
-        "|---|---|---|---|---|---|",
+        "| router | hit rate | TTFT p50 ms | TTFT p99 ms | requests per replica | queue gap | "
+        "load gap |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in doc["routers"].items():
         h = r.get("hot")
         if h:
             lines.append(
                 f"| {name} | {h['hit_rate']:.1%} | {h['ttft_p50_ms']} | {h['ttft_p99_ms']} | "
-                f"{h['requests_by_replica']} | {h['max_queue_gap']} |"
+                f"{h['requests_by_replica']} | {h['max_queue_gap']} | "
+                f"{h['max_load_gap_at_choice']} |"
             )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sessions", type=int, default=16)
+    # Sized so that this 2-core host carries the load (TTFT then shows prefill saved, not a
+    # queue), and the conversations' own turns are half of the last prompt (2,048 at most).
+    p.add_argument("--sessions", type=int, default=8)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--system-words", type=int, default=900)
-    p.add_argument("--user-words", type=int, default=110)
+    p.add_argument("--system-words", type=int, default=780)
+    p.add_argument("--user-words", type=int, default=150)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--think-s", type=float, default=0.5)
-    p.add_argument("--stagger-s", type=float, default=0.25)
+    p.add_argument("--think-s", type=float, default=1.0)
+    p.add_argument("--stagger-s", type=float, default=0.5)
     p.add_argument("--hot-words", type=int, default=1100)
-    p.add_argument("--hot-requests", type=int, default=64)
-    p.add_argument("--hot-concurrency", type=int, default=48)
+    p.add_argument("--hot-requests", type=int, default=48)
+    p.add_argument("--hot-concurrency", type=int, default=40)
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--port", type=int, default=18620)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
     a = p.parse_args()
+    if a.report_only:
+        doc = json.loads((a.out_dir / "prefix_routing.json").read_text())
+        doc.setdefault("logical_cpus", os.cpu_count())
+        (a.out_dir / "prefix_routing.md").write_text(markdown(doc))
+        return
     _, _, cfg = default_model_config(CONFIG)
     from serve_app import model_source
     from serve_app.config import AppConfig
 
     cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
     path = Path(model_source.resolve(cfg, cache, progress=True))
-    model = Model(cfg.name, path, {}, cfg.engine.cpu_kv_cache_space_gib)
+    engine_args = {"max_model_len": cfg.engine.max_model_len}
+    model = Model(cfg.name, path, engine_args, cfg.engine.cpu_kv_cache_space_gib)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     work_dir = Path("/tmp/llmserve-prefix-routing") / stamp
     doc: dict[str, Any] = {
         "commit": machine._git("rev-parse", "--short", "HEAD"),
         "date": dt.date.today().isoformat(),
         "machine": f"{machine.cpu_model()}, {os.cpu_count()} logical CPUs",
+        "logical_cpus": os.cpu_count(),
         "workload": {k: v for k, v in vars(a).items() if k not in ("out_dir", "routers", "port")},
         "routers": {},
     }
