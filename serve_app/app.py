@@ -202,4 +202,7 @@ def build_app(args: dict[str, Any]) -> Application:
         # applies (the chaos suite saw them hang for as long as the new Router took to start).
         max_surge_percent=100,
         ray_actor_options={"num_cpus": r.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
+        # The Router writes its own access line per request (deployments/request_log.py: tenant,
+        # model, TTFT, replica); Serve's would be a second, a tenth of the CPU of a refusal.
+        logging_config={"enable_access_log": False},
     ).bind(config.for_router(), handles)
