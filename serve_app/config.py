@@ -185,12 +185,9 @@ class HealthConfig(Strict):
 
 
 class RoutingConfig(Strict):
-    policy: Literal["llm_aware", "round_robin", "ray_default", "ray_prefix_affinity"] = Field(
-        default="llm_aware",
-        description="llm_aware: load and, with prefix_aware, the engines' cached prefixes; "
-        "round_robin and ray_default (Ray's P2C on queue length): baselines; "
-        "ray_prefix_affinity: Ray Serve LLM's prompt-text matching router, for comparison.",
-    )
+    # llm_aware: load and (prefix_aware) cached prefixes; round_robin, ray_default: baselines;
+    # ray_prefix_affinity: Ray Serve LLM's prompt-text router, for comparison (docs/routing.md).
+    policy: Literal["llm_aware", "round_robin", "ray_default", "ray_prefix_affinity"] = "llm_aware"
     stats_period_s: float = Field(default=1.0, gt=0, description="record_routing_stats period.")
     session_affinity: bool = Field(
         default=True, description="Same x-session-id (or `user`) -> same replica while healthy."
@@ -199,18 +196,13 @@ class RoutingConfig(Strict):
     kv_cache_weight: float = Field(default=8.0, ge=0)
     max_affinity_score: float = Field(default=32.0, ge=0)
     prefix_aware: bool = Field(
-        default=True,
-        description="Prefer the replica whose KV cache holds the prompt's start, from the "
-        "engines' own KV events (llm_aware only; needs vLLM's prefix caching).",
+        default=True, description="Prefer the replica caching the prompt's start (KV events)."
     )
     prefix_weight: float = Field(
         default=8.0, ge=0, description="A fully cached prompt counts as this many fewer requests."
     )
     prefix_load_margin: float = Field(
-        default=8.0,
-        ge=0,
-        description="No cache credit for a replica whose load score is more than this above the "
-        "least loaded one.",
+        default=8.0, ge=0, description="No cache credit this far above the least loaded replica."
     )
 
 
