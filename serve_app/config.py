@@ -286,7 +286,9 @@ class ModelConfig(Strict):
 class HttpConfig(Strict):
     max_request_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     debug_headers: bool = Field(
-        default=False, description="Add `x-replica` (the replica that served) to responses."
+        default=False,
+        description="Add `x-replica` (the replica that served) and `x-route` (why it was "
+        "chosen) to responses.",
     )
     max_n: int = Field(default=8, ge=1, description="Largest `n` (choices per request) accepted.")
 

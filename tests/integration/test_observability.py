@@ -262,6 +262,20 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
     assert 0 < ttft_sum[0] <= e2e_sum[0]
     kv = finite(query(prometheus, f'ray_vllm_kv_cache_usage_perc{{model_name="{DEFAULT}"}}'))
     assert kv and all(0 <= v <= 1 for v in kv)
+    # Routing decisions by reason (one replica per model here: "only"), and each replica's
+    # prefix-cache lookups, from its engine's scheduler stats (docs/routing.md).
+    lookups = f'sum(ray_llmserve_prefix_cache_queries_total{{model="{DEFAULT}"}})'
+    decided: set[str] = set()
+    looked_up: list[float] = []
+    deadline = time.monotonic() + 60
+    while (not decided or not looked_up) and time.monotonic() < deadline:
+        decided = {
+            s["metric"]["reason"] for s in query(prometheus, "ray_llmserve_routing_decisions_total")
+        }
+        looked_up = [v for v in finite(query(prometheus, lookups)) if v > 0]
+        time.sleep(SCRAPE_S)
+    assert decided and decided <= {"prefix", "load", "p2c", "affinity", "only"}, decided
+    assert looked_up, "no prefix-cache lookups counted for the default model's replica"
     render_the_dashboard(prometheus, tmp_path)
 
 
