@@ -245,14 +245,9 @@ def _block_keys(tokens: Any, path: str, body: bytes, block_size: int, seed: str 
 
 def _decision_counter() -> Any:
     try:
-        from ray.serve.metrics import Counter as MetricCounter
+        from serve_app.metrics import routing_decisions
 
-        return MetricCounter(
-            "llmserve_routing_decisions",
-            description="Replica choices by reason: prefix (cache credit won), load (cache "
-            "known, load won), p2c, affinity, only.",
-            tag_keys=("model", "reason"),
-        )
+        return routing_decisions()
     except Exception:  # outside a Ray worker (unit tests)
         return False
 

@@ -169,3 +169,14 @@ class ReplicaPrefixCacheMetrics:
         if dh > 0:
             self.hits.inc(dh, tags=self._tags)
         self._last = (queries, hits)
+
+
+def routing_decisions() -> Counter:
+    """Replica choices by reason, counted by the request router (deployments/request_router.py)
+    in the Router's process."""
+    return Counter(
+        "llmserve_routing_decisions",
+        description="Replica choices by reason: prefix (cache credit won), load (cache known, "
+        "load won), p2c, affinity, only.",
+        tag_keys=("model", "reason"),
+    )

@@ -38,6 +38,9 @@ ROUTER_COUNTERS = [
     "ray_llmserve_prompt_tokens_total",
     "ray_llmserve_generation_tokens_total",
     "ray_llmserve_rejections_total",
+    "ray_llmserve_routing_decisions_total",
+    "ray_llmserve_prefix_cache_queries_total",
+    "ray_llmserve_prefix_cache_hits_total",
 ]
 ROUTER_GAUGES = [
     "ray_llmserve_queue_depth",
