@@ -30,87 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.relay_load import KEY, LIMITED_KEY, Counter, _burst, _load
+from bench.relay_report import render
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PORT = 18600
-KEY = "sk-bench-relay-0001"
-LIMITED_KEY = "sk-bench-limited-0001"  # 1 request/s, a burst of 4: the refusal burst's tenant
 ROLES = ("proxy", "router", "replica", "controller", "ray_other")
-
-
-# --------------------------------------------------------------------------- the load (client)
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.requests = 0
-        self.errors = 0
-        self.ttft_s: list[float] = []
-
-
-async def _one(host: str, port: int, body: bytes, counter: Counter) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    t0 = time.monotonic()
-    writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-        b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\nConnection: close\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(body) + body
-    )
-    tail, first = b"", True
-    status = await reader.read(12)
-    if not status.startswith(b"HTTP/1.1 200"):
-        counter.errors += 1
-    try:
-        while data := await reader.read(65536):
-            # " tokN" is the simulated engine's token text; count across read boundaries.
-            n = (tail + data).count(b" tok") - tail.count(b" tok")
-            if n and first:
-                counter.ttft_s.append(time.monotonic() - t0)
-                first = False
-            counter.tokens += n
-            tail = data[-3:]
-    finally:
-        writer.close()
-    counter.requests += 1
-
-
-async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
-    """n requests at once from the rate-limited tenant: each one's latency, and the statuses."""
-    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": 16}).encode()
-    head = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-        b"\r\nAuthorization: Bearer " + LIMITED_KEY.encode() + b"\r\nConnection: close\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(body)
-    )
-    # Connections first, then every request in one go: the burst is the requests, not the
-    # handshakes.
-    conns = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
-    statuses: dict[int, int] = {}
-
-    async def one(reader, writer) -> float:
-        t0 = time.monotonic()
-        writer.write(head + body)
-        data = await reader.read()
-        writer.close()
-        status = int(data[9:12]) if data[:5] == b"HTTP/" else 0
-        statuses[status] = statuses.get(status, 0) + 1
-        return time.monotonic() - t0
-
-    latencies = await asyncio.gather(*(one(r, w) for r, w in conns))
-    return sorted(latencies), statuses
-
-
-async def _load(port: int, streams: int, max_tokens: int, end_s: float, counter: Counter):
-    body = json.dumps(
-        {"model": "sim", "prompt": "hello", "max_tokens": max_tokens, "stream": True}
-    ).encode()
-
-    async def loop() -> None:
-        while time.monotonic() < end_s:
-            await _one("127.0.0.1", port, body, counter)
-
-    await asyncio.gather(*(loop() for _ in range(streams)))
 
 
 # ------------------------------------------------------------------------------ the processes
@@ -308,52 +234,6 @@ def _git(*args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.strip()
-
-
-def render(doc: dict) -> str:
-    lines = [
-        "# Relay cost at GPU rates (`python -m bench.relay_cost`)",
-        "",
-        f"Generated from relay_cost.json: commit {doc['commit']}, {doc['date']}, "
-        f"{doc['machine']}. Simulated engine, {doc['rate_per_stream']:g} tokens/s per stream, "
-        f"{doc['max_tokens']}-token streamed completions; CPU per delivered token over the "
-        "middle half of each run (ms), median of the rounds (systems interleaved). `path` = "
-        "proxy + Router + replica; `Ray other` includes HAProxy where it runs.",
-        "",
-        "| system | streams | offered tok/s | delivered tok/s | proxy | Router | replica | "
-        "controller | Ray other | path | all | TTFT p50 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in doc["systems"]:
-        for r in s["runs"]:
-            ms = r["cpu_ms_per_token"]
-            lines.append(
-                f"| {s['name']} | {r['streams']} | {r['offered_tokens_per_s']} | "
-                f"{r['delivered_tokens_per_s']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
-                f"{ms['replica']:.3f} | {ms['controller']:.3f} | {ms['ray_other']:.3f} | "
-                f"{r['cpu_ms_per_token_path']:.3f} | {r['cpu_ms_per_token_all']:.3f} | "
-                f"{r['ttft_p50_ms']} | {r['errors']} |"
-            )
-    lines += [
-        "",
-        "A burst of requests at once from a tenant allowed 1 request/s (burst 4), "
-        "each round; CPU per request over the burst (ms):",
-        "",
-        "| system | sent | refused (429/503) | served | p50 ms | p99 ms | proxy | Router |"
-        " replica | proxy + Router |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in doc["systems"]:
-        for b in s.get("refusals", []):
-            ms = b["cpu_ms_per_request"]
-            lines.append(
-                f"| {s['name']} | {b['sent']} | {b['refused']} | "
-                f"{b['statuses'].get('200', b['statuses'].get(200, 0))} | {b['p50_ms']} | "
-                f"{b['p99_ms']} | {ms['proxy']:.3f} | {ms['router']:.3f} | "
-                f"{ms['replica']:.3f} | {b['cpu_ms_per_request_path']:.3f} |"
-            )
-    lines += ["", "Systems:", ""] + [f"- `{s['name']}`: {s['what']}" for s in doc["systems"]]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

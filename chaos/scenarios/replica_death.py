@@ -28,7 +28,7 @@ from serve_app.app import build_app
 LLM_TINY, LLM_SIM = f"llm-{TINY}", f"llm-{SIM}"
 
 
-def _gone(pid: int, timeout_s: float = 10.0) -> None:
+def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
     """Returns once the process has exited (a zombie awaiting its parent counts as gone)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -41,20 +41,26 @@ def _gone(pid: int, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"process {pid} still alive {timeout_s} s after it was killed")
 
 
+def replica_actor(app: str, deployment: str, replica_id: str):
+    """A Serve replica's actor handle and process id."""
+    name = f"{REPLICA_PREFIX}{app}#{deployment}#{replica_id}"
+    actor = ray.get_actor(name, namespace="serve")
+    (pid,) = [
+        a["Pid"]
+        for a in ray._private.state.actors().values()
+        if a["Name"] == name and a["State"] == "ALIVE"
+    ]
+    return actor, pid
+
+
 def _kill_actor(deployment: str):
     def choose(watch: ReplicaWatch):
         victim = sorted(watch.latest().ids[deployment])[0]
-        name = f"{REPLICA_PREFIX}{APP}#{deployment}#{victim}"
-        actor = ray.get_actor(name, namespace="serve")
-        (pid,) = [
-            a["Pid"]
-            for a in ray._private.state.actors().values()
-            if a["Name"] == name and a["State"] == "ALIVE"
-        ]
+        actor, pid = replica_actor(APP, deployment, victim)
 
         def kill() -> None:
             ray.kill(actor, no_restart=True)
-            _gone(pid)
+            wait_gone(pid)
 
         return victim, kill
 
@@ -71,7 +77,7 @@ def _kill_engine(cluster: ChaosCluster):
 
         def kill() -> None:
             os.kill(pid, signal.SIGKILL)
-            _gone(pid)
+            wait_gone(pid)
 
         return victim, kill
 

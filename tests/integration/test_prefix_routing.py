@@ -12,12 +12,11 @@ from __future__ import annotations
 import time
 
 import httpx
-import psutil
 import pytest
 import ray
 from ray import serve
 
-from chaos.watch import REPLICA_PREFIX
+from chaos.scenarios.replica_death import replica_actor, wait_gone
 from serve_app.app import build_app
 from serve_app.prompt_tokens import PromptTokens
 from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH
@@ -165,17 +164,10 @@ def test_follow_up_turn_lands_where_its_prefix_is_cached(url):
 def test_killed_replica_leaves_the_index_within_seconds(url):
     sessions = first_turns(url, range(100, 104))
     victim = sessions[100][1]
-    name = f"{REPLICA_PREFIX}{APP}#llm-{NAME}#{victim}"
-    actor = ray.get_actor(name, namespace="serve")
-    (pid,) = [
-        a["Pid"]
-        for a in ray._private.state.actors().values()
-        if a["Name"] == name and a["State"] == "ALIVE"
-    ]
+    actor, pid = replica_actor(APP, f"llm-{NAME}", victim)
     ray.kill(actor, no_restart=True)
     t0 = time.monotonic()
-    while _alive(pid):
-        time.sleep(0.01)  # ray.kill only asks
+    wait_gone(pid)  # ray.kill only asks
     dead_s = time.monotonic() - t0
     gone_s, routes = None, []
     while time.monotonic() - t0 < 30:
@@ -193,10 +185,3 @@ def test_killed_replica_leaves_the_index_within_seconds(url):
     )
     print(routes)
     assert gone_s is not None and gone_s < 10, routes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import subprocess
 
@@ -68,16 +67,12 @@ def test_engine_extra_clash_fails_at_build():
         )
 
 
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM's own parser checks the flags"
-)
 OWN_FLAGS = {
     "engine": {"extra": {"structured_outputs_config": {"backend": "xgrammar"}, "block_size": 16}},
     "server": {"extra": {"max_log_len": 100}},
 }
 
 
-@needs_vllm
 def test_a_flag_vllm_refuses_stops_the_build_naming_the_model():
     args = {
         "models": [
@@ -94,7 +89,6 @@ def test_a_flag_vllm_refuses_stops_the_build_naming_the_model():
     assert "'fine'" not in msg and "'sim'" not in msg  # a simulated engine takes no vLLM flags
 
 
-@needs_vllm
 def test_flags_vllm_accepts_build():
     app = build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
     _, handles = app._bound_deployment.init_args
