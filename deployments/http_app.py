@@ -63,12 +63,22 @@ class EarlyRefusal:
         self.app, self.refuse, self.paths = app, refuse, paths
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and _route_path(scope) in self.paths
+        ):
             error = self.refuse(scope)
             if error is not None:
                 await _error_response(error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _route_path(scope) -> str:
+    """The path as the app's routes see it: without the app's route prefix (`root_path`)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
 
 
 def with_early_refusal(

@@ -60,6 +60,13 @@ def test_a_refused_request_never_reaches_the_route_and_gets_the_openai_error():
     assert reached == []
 
 
+def test_an_app_under_a_route_prefix_is_checked_on_its_own_paths():
+    client, reached = make_client(by_key)
+    client.app.root_path = "/sim"  # Serve mounts an app at its route_prefix this way
+    r = client.post("/sim/v1/completions", json={}, headers={"authorization": "Bearer nope"})
+    assert r.status_code == 401 and reached == []
+
+
 def test_an_admitted_request_reaches_the_route_with_its_tenant():
     client, reached = make_client(by_key)
     r = client.post("/v1/completions", json={}, headers={"authorization": "Bearer good"})
