@@ -1,10 +1,11 @@
 """The Ray Serve adapter of autoscaling/policy.py: a custom autoscaling policy per model.
 
 Each LLMServer replica reports, through `record_autoscaling_stats`, its engine's running and
-waiting requests and the Router's queue for its model; Ray aggregates them per replica into
-`ctx.aggregated_metrics`. With no replica yet (scale from zero) there are no such metrics, and
-the requests Ray holds at the handle (`ctx.total_num_requests`: the Router lets one through to
-wake the model) stand in for the load.
+waiting requests and the Router's queue for its model (`AutoscalingStats`); Ray aggregates each
+over its look-back window into `ctx.aggregated_metrics` ({key: {replica: value}}), which
+`AutoscalingStats.per_replica` reads back. With no replica yet (scale from zero) there are no
+such metrics, and the requests Ray holds at the handle (`ctx.total_num_requests`: the Router
+lets one through to wake the model) stand in for the load.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from typing import Any
 
 from autoscaling.policy import AutoscalingParams, PolicyState, Signals, decide
+from serve_app.replica_call import AutoscalingStats
 
 logger = logging.getLogger("ray.serve")
 
@@ -25,10 +27,11 @@ class LLMQueueAutoscalingPolicy:
 
     def __call__(self, ctx) -> tuple[int, dict[str, Any]]:
         metrics = ctx.aggregated_metrics or {}
-        running = sum(metrics.get("engine_running", {}).values())
-        waiting = sum(metrics.get("engine_waiting", {}).values())
+        reports = AutoscalingStats.per_replica(metrics).values()
+        running = sum(r.engine_running for r in reports)
+        waiting = sum(r.engine_waiting for r in reports)
         # Every replica reports the same Router queue: take it once.
-        queued = max(metrics.get("router_queued", {}).values(), default=0.0)
+        queued = max((r.router_queued for r in reports), default=0.0)
         if not metrics:
             queued = float(ctx.total_num_requests or 0)
         signals = Signals(

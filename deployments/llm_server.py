@@ -40,10 +40,13 @@ from serve_app.policies import health
 from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import (
     COMPLETIONS_PATH,
+    AutoscalingStats,
     EngineStats,
+    PackedBlocks,
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
+    RoutingStats,
     Usage,
 )
 
@@ -75,7 +78,7 @@ class LLMServer:
         self._unhealthy_reason: str | None = None
         self._num_probing = 0  # health probes in the engine, kept out of the reported stats
         self._replica_id = _replica_id()
-        self._cached_stats: dict[str, Any] | None = None  # the engine's blocks, as last reported
+        self._packed: PackedBlocks | None = None  # the engine's blocks, as last reported
         self._engine: Engine
         if path == "simulated":
             from deployments.engine.sim_engine import SimEngine
@@ -235,30 +238,28 @@ class LLMServer:
                 self._unhealthy_reason = v.hung_reason
                 logger.error("engine of %s hangs: %s", self._model.name, self._unhealthy_reason)
 
-    async def record_routing_stats(self) -> dict:
+    async def record_routing_stats(self) -> dict[str, Any]:
         s = self._client_stats()
-        stats = {
-            "num_running": s.num_running,
-            "num_waiting": s.num_waiting,
-            "kv_cache_usage": s.kv_cache_usage,
-            "healthy": s.healthy and self._unhealthy_reason is None,
-            "timestamp_s": time.time(),
-        }
         cached = self._engine.cached_blocks()
-        if cached is not None:
-            if self._cached_stats is None or self._cached_stats["version"] != cached.version:
-                self._cached_stats = cached.to_stats()
-            stats["cached_blocks"] = self._cached_stats
-        return stats
+        if cached is not None and (self._packed is None or self._packed.version != cached.version):
+            self._packed = cached.pack()  # packed once per version of the set
+        return RoutingStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_cache_usage=s.kv_cache_usage,
+            healthy=s.healthy and self._unhealthy_reason is None,
+            timestamp_s=time.time(),
+            cached_blocks=None if cached is None else self._packed,
+        ).to_stats()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """For autoscaling/ray_policy.py: this engine's load and the Router's queue."""
         s = self._client_stats()
-        return {
-            "engine_running": float(s.num_running),
-            "engine_waiting": float(s.num_waiting),
-            "router_queued": await self._router_queued(),
-        }
+        return AutoscalingStats(
+            engine_running=float(s.num_running),
+            engine_waiting=float(s.num_waiting),
+            router_queued=await self._router_queued(),
+        ).to_stats()
 
     async def _router_queued(self) -> float:
         # One Router replica's queue for this model, times the number of Router replicas

@@ -32,7 +32,7 @@ from ray.serve.request_router import (
 from deployments import route_notes
 from serve_app.policies.prefix_cache import PrefixIndex, block_keys
 from serve_app.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
-from serve_app.replica_call import CachedBlocks
+from serve_app.replica_call import PackedBlocks, RoutingStats
 
 logger = logging.getLogger("ray.serve")
 MAX_SESSIONS = 10_000
@@ -42,16 +42,15 @@ TOKENIZER_RETRY_S = 10.0
 
 
 def replica_load(replica: RunningReplica, num_in_flight: int, now_s: float) -> ReplicaLoad:
-    stats: dict[str, Any] = replica.routing_stats or {}
-    stamp = stats.get("timestamp_s")
+    stats = RoutingStats.from_stats(replica.routing_stats)
     return ReplicaLoad(
         replica_id=replica.replica_id.unique_id,
         num_in_flight=num_in_flight,
-        num_waiting=stats.get("num_waiting"),
-        num_running=stats.get("num_running"),
-        kv_cache_usage=stats.get("kv_cache_usage"),
-        stats_age_s=None if stamp is None else max(0.0, now_s - stamp),
-        healthy=stats.get("healthy", True),
+        num_waiting=stats.num_waiting,
+        num_running=stats.num_running,
+        kv_cache_usage=stats.kv_cache_usage,
+        stats_age_s=stats.age_s(now_s),
+        healthy=stats.healthy,
     )
 
 
@@ -139,14 +138,14 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         candidate's reported block set brought up to date in the index. None: route by load."""
         if self._prefix is None or pending_request is None:
             return None
-        reports = []
+        reports: list[PackedBlocks] = []
         for r in candidates:
-            d = (r.routing_stats or {}).get("cached_blocks")
-            if d is not None:
+            blocks = RoutingStats.from_stats(r.routing_stats).cached_blocks
+            if blocks is not None:
                 uid = r.replica_id.unique_id
-                if not self._index.is_current(uid, d["version"]):
-                    self._index.update(uid, d["version"], CachedBlocks.from_stats(d).keys)
-                reports.append(d)
+                if not self._index.is_current(uid, blocks.version):
+                    self._index.update(uid, blocks.version, blocks.unpack().keys)
+                reports.append(blocks)
         if not reports:
             return None  # no engine reports its cache (yet): nothing to match
         request_id = pending_request.metadata.internal_request_id
@@ -157,7 +156,7 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         keys = None
         tokens = self._prompt_tokens()
         if tokens is not None and isinstance(body, bytes):
-            block_size, seed = reports[0]["block_size"], reports[0]["hash_seed"]
+            block_size, seed = reports[0].block_size, reports[0].hash_seed
             self._block_tokens = block_size
             path = args[0].path
             if len(body) <= INLINE_TOKENIZE_BYTES:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from deployments.request_router import LLMAwareRequestRouter, RoundRobinRequestRouter
+from serve_app.replica_call import RoutingStats
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,12 @@ class FakeReplica:
 
 
 def replica(uid: str, age_s: float | None = None, **stats) -> FakeReplica:
-    if age_s is not None:
-        stats["timestamp_s"] = time.time() - age_s
-    return FakeReplica(uid, stats or None)
+    """A replica whose routing stats are `RoutingStats(**stats)` stamped `age_s` ago; neither
+    given: one that has not reported yet."""
+    if age_s is None and not stats:
+        return FakeReplica(uid, None)
+    stamp = None if age_s is None else time.time() - age_s
+    return FakeReplica(uid, RoutingStats(timestamp_s=stamp, **stats).to_stats())
 
 
 _n = 0

@@ -14,7 +14,7 @@ pytest.importorskip("ray")
 from deployments import route_notes  # noqa: E402
 from deployments.request_router import LLMAwareRequestRouter  # noqa: E402
 from serve_app.policies.prefix_cache import block_keys  # noqa: E402
-from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest  # noqa: E402
+from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats  # noqa: E402
 from tests.unit.router_helpers import FakeReplica  # noqa: E402
 
 BLOCK = 4
@@ -52,12 +52,10 @@ def pending(text: str, n: int) -> SimpleNamespace:
 def replica(uid: str, cached_text: str = "", version: int = 1, **load) -> FakeReplica:
     tokens = Tokens().token_ids(CHAT_PATH, json.loads(body(cached_text)))
     keys = frozenset(block_keys(tokens, BLOCK))
-    stats = {
-        "timestamp_s": time.time(),
-        "cached_blocks": CachedBlocks(version, BLOCK, None, keys).to_stats(),
-        **load,
-    }
-    return FakeReplica(uid, stats)
+    blocks = CachedBlocks(version, BLOCK, None, keys).pack()
+    return FakeReplica(
+        uid, RoutingStats(timestamp_s=time.time(), cached_blocks=blocks, **load).to_stats()
+    )
 
 
 PROMPT = "a bb ccc dddd a bb ccc dddd a bb ccc dddd"  # 12 tokens, 3 blocks
@@ -110,7 +108,10 @@ async def test_without_reports_or_prefix_config_it_routes_by_load():
     await plain.choose_replicas(cached, pending(PROMPT, 1))
     assert route_notes.take("req-1").reason == "p2c"
     no_reports = router()
-    bare = [FakeReplica("a", {"timestamp_s": time.time()}), FakeReplica("b", None)]
+    bare = [
+        FakeReplica("a", RoutingStats(timestamp_s=time.time()).to_stats()),
+        FakeReplica("b", None),
+    ]
     await no_reports.choose_replicas(bare, pending(PROMPT, 2))
     assert route_notes.take("req-2").reason == "p2c"
 

@@ -18,6 +18,7 @@ pytest.importorskip("ray")
 import deployments.request_router as rr  # noqa: E402
 from deployments.request_router import LLMAwareRequestRouter, replica_load  # noqa: E402
 from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose  # noqa: E402
+from serve_app.replica_call import RoutingStats  # noqa: E402
 from tests.unit.router_helpers import (  # noqa: E402
     FakeReplica,
     ids,
@@ -39,43 +40,46 @@ NOW = 1_000_000.0
         ("no stats yet ({})", {}, 0, ReplicaLoad("r", 0)),
         (
             "full stats",
-            {
-                "num_running": 3,
-                "num_waiting": 4,
-                "kv_cache_usage": 0.5,
-                "healthy": True,
-                "timestamp_s": NOW - 2.5,
-            },
+            RoutingStats(
+                num_running=3,
+                num_waiting=4,
+                kv_cache_usage=0.5,
+                healthy=True,
+                timestamp_s=NOW - 2.5,
+            ),
             1,
             ReplicaLoad("r", 1, num_waiting=4, num_running=3, kv_cache_usage=0.5, stats_age_s=2.5),
         ),
         (
             "unhealthy",
-            {"healthy": False, "timestamp_s": NOW},
+            RoutingStats(healthy=False, timestamp_s=NOW),
             0,
             ReplicaLoad("r", 0, stats_age_s=0.0, healthy=False),
         ),
         (
             "stamp from a clock ahead of ours",
-            {"num_waiting": 1, "timestamp_s": NOW + 3},
+            RoutingStats(num_waiting=1, timestamp_s=NOW + 3),
             0,
             ReplicaLoad("r", 0, num_waiting=1, stats_age_s=0.0),
         ),
         (
             "stats without a stamp have no age",
-            {"num_waiting": 7},
+            RoutingStats(num_waiting=7),
             0,
             ReplicaLoad("r", 0, num_waiting=7, stats_age_s=None),
         ),
         (
             "old stamp",
-            {"num_waiting": 7, "timestamp_s": NOW - 600},
+            RoutingStats(num_waiting=7, timestamp_s=NOW - 600),
             5,
             ReplicaLoad("r", 5, num_waiting=7, stats_age_s=600.0),
         ),
     ],
 )
 def test_replica_load(case, stats, in_flight, expected):
+    """Partial dicts from older replicas: tests/unit/test_replica_stats.py."""
+    if isinstance(stats, RoutingStats):
+        stats = stats.to_stats()
     assert replica_load(FakeReplica("r", stats), in_flight, NOW) == expected, case
 
 

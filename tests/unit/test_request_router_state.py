@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("ray")
 import deployments.request_router as rr  # noqa: E402
+from serve_app.replica_call import RoutingStats  # noqa: E402
 from tests.unit.router_helpers import ids, llm_router, replica, request  # noqa: E402
 
 # -- in-flight accounting ---------------------------------------------------------------
@@ -119,7 +120,7 @@ async def test_session_moves_when_its_replica_is_unhealthy_gone_or_overloaded():
         router.on_request_routed(request(), b.replica_id, None)
     assert ids(await router.choose_replicas([a, b], request("s")))[0] == ["a"]
     # a reports unhealthy: the session moves to b, and stays there afterwards.
-    a.routing_stats = {"healthy": False, "timestamp_s": time.time()}
+    a.routing_stats = RoutingStats(healthy=False, timestamp_s=time.time()).to_stats()
     assert ids(await router.choose_replicas([a, b], request("s")))[0] == ["b"]
     a.routing_stats = None
     assert ids(await router.choose_replicas([a, b], request("s")))[0] == ["b"]
