@@ -18,8 +18,8 @@ OPTIONS = {
     "flush-0": (
         {"stream_flush_ms": 0},
         {},
-        "rejected as the default: one Ray item per write, so the Router spends a "
-        "fixed ~0.3 ms on every token",
+        "rejected as the default: one Ray item per write, so the Router and the "
+        "replica pay their per-item cost on every token (about twice flush-50's)",
     ),
     "flush-20": (
         {"stream_flush_ms": 20},
@@ -30,7 +30,7 @@ OPTIONS = {
     "flush-100": (
         {"stream_flush_ms": 100},
         {},
-        "not needed: little below flush-50, and chunkier streams",
+        "not the default: less CPU again, but each stream's text comes in 100 ms lumps",
     ),
     "serve-defaults": (
         {},
