@@ -2,7 +2,8 @@
 
 Bytes in, bytes out, per item (several tokens each): nothing is parsed per token. Settling a
 reply gives its admission slot back and charges the tenant's token bucket with the usage the
-replica counted, once, however the reply ended; a deadline that passed ends it with a 504.
+replica counted, once, however the reply ended; a deadline that passed ends it with a 504. The
+rules (retry before the first output, what a reply costs) are serve_app/policies/relay.py.
 
 In a module of its own (imported, so pickled by reference): @serve.ingress pickles the Router's
 app by value while deployments/router.py is still being imported.
@@ -11,6 +12,7 @@ app by value while deployments/router.py is still being imported.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -20,6 +22,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from deployments.admission_gate import Gate, Ticket
 from deployments.request_path import DONE_FRAME, OpenReply, outcome_of, sse_error
 from serve_app.openai_protocol import OpenAIError
+from serve_app.policies.relay import MAX_ATTEMPTS, Attempt, Next, after_attempt, tokens_charged
 from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 
 logger = logging.getLogger("ray.serve")
@@ -43,7 +46,7 @@ class ReplyRelay:
     ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
         """Sends to a replica and waits for its reply head. A replica that fails before any
         output (it died, or says it is unhealthy) costs one retry on another replica."""
-        for attempt in (1, 2):
+        for attempt in range(1, MAX_ATTEMPTS + 1):
             options = {"stream": True, "session_id": session} if session else {"stream": True}
             stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(request)
             self.dispatched[ticket.entry_id] = (ticket, stream)
@@ -62,27 +65,19 @@ class ReplyRelay:
                     attempt,
                     e,
                 )
-                if attempt == 2:
-                    raise OpenAIError(503, UNAVAILABLE, headers={"Retry-After": "1"}) from None
-                continue
-            if head.code == "replica_unhealthy":
+                verdict = after_attempt(attempt, Attempt.FAILED)
+            else:
+                if head.code != "replica_unhealthy":
+                    return stream, head
                 stream.cancel()
-                if attempt == 1:
-                    # Retry elsewhere: the refusing replica scores best (it holds nothing) until
-                    # it exits, so the request router must be told to skip it.
-                    request = ReplicaRequest(
-                        request.request_id,
-                        request.path,
-                        request.body,
-                        request.headers,
-                        head.replica_id,
-                    )
-                    continue
+                verdict = after_attempt(attempt, Attempt.UNHEALTHY, head.replica_id)
+            if verdict.next is Next.GIVE_UP:
                 raise OpenAIError(
-                    503, UNAVAILABLE, code="replica_unhealthy", headers={"Retry-After": "1"}
-                )
-            return stream, head
-        raise AssertionError("unreachable")
+                    503, UNAVAILABLE, code=verdict.code, headers={"Retry-After": "1"}
+                ) from None
+            if verdict.avoid_replica:
+                request = dataclasses.replace(request, avoid_replica_id=verdict.avoid_replica)
+        raise AssertionError("unreachable: the last attempt gives up")
 
     async def next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
         """The reply's next item, or a 504 once the request's deadline has cancelled it."""
@@ -135,11 +130,6 @@ class ReplyRelay:
         end = r.end
         if end is None:
             r.rest.cancel()  # aborts the engine request and frees its KV blocks
-            # What a reply cut short used is unknown: a client that left (or ran out of time)
-            # is charged what it reserved, so leaving is no way around the limit; a replica's
-            # failure costs the tenant nothing.
-            used = 0 if r.replica_failed else r.ticket.num_reserved_tokens
-            self.gate.finish(r.ticket, used)
         else:
             u = end.usage
             r.trail.num_prompt_tokens = u.num_prompt_tokens
@@ -147,7 +137,10 @@ class ReplyRelay:
             if not r.head.is_stream and u.first_output_s is not None:
                 r.trail.first_s = r.dispatched_s + u.first_output_s
                 r.trail.generation_s = (u.last_output_s or u.first_output_s) - u.first_output_s
-            self.gate.finish(r.ticket, u.num_total_tokens)
+        used = None if end is None else end.usage.num_total_tokens
+        self.gate.finish(
+            r.ticket, tokens_charged(used, r.ticket.num_reserved_tokens, r.replica_failed)
+        )
         r.span.set_attribute("llmserve.completion_tokens", r.trail.num_completion_tokens)
         r.span.set_attribute("llmserve.completed", end is not None and not end.failed)
         r.span.end()

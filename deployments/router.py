@@ -40,6 +40,7 @@ from serve_app import openapi_docs, tracing
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import OpenAIError, parse_json_body
+from serve_app.policies.relay import Deadline, deadline_action
 from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH
 from serve_app.tenancy import TenantDirectory
 
@@ -47,7 +48,6 @@ logger = logging.getLogger("ray.serve")
 TICK_S = 0.1  # queue expiry resolution
 REPLICA_REFRESH_S = 2.0
 REFRESH_TIMEOUT_S = 10.0  # a stalled controller: keep the last counts, ask again later
-RECLAIM_GRACE_S = 5.0
 # Request headers a replica gets (the engine's server reads them); the API key is not one.
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
 # The routes that forward to a replica: their keys and rate are checked before FastAPI runs.
@@ -139,15 +139,13 @@ class Router:
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for entry_id, (ticket, stream) in list(self._dispatched.items()):
-            if ticket.finished:
+            action = deadline_action(now, ticket.deadline_s, ticket.finished, ticket.expired)
+            if action is Deadline.FORGET:
                 del self._dispatched[entry_id]
-            elif now > ticket.deadline_s and not ticket.expired:
-                # Cancelling aborts the engine request; the reader then gets a 504.
+            elif action is Deadline.EXPIRE:
                 ticket.expired = True
-                stream.cancel()
-            elif now > ticket.deadline_s + RECLAIM_GRACE_S:
-                # A streaming response whose body was never iterated (the client vanished
-                # between the headers and the first read) never runs its own cleanup.
+                stream.cancel()  # aborts the engine request; the reader then gets a 504
+            elif action is Deadline.RECLAIM:
                 logger.warning("reclaiming abandoned request %s", entry_id)
                 self._gate.finish(ticket, ticket.num_reserved_tokens)
                 del self._dispatched[entry_id]

@@ -1,0 +1,69 @@
+"""The Router's relay rules (serve_app/policies/relay.py), as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.policies.relay import (
+    AfterAttempt,
+    Attempt,
+    Deadline,
+    Next,
+    after_attempt,
+    deadline_action,
+    tokens_charged,
+)
+
+
+@pytest.mark.parametrize(
+    "attempt, outcome, replica, expected",
+    [
+        (1, Attempt.HEAD, "r1", AfterAttempt(Next.RELAY)),
+        (2, Attempt.HEAD, "r2", AfterAttempt(Next.RELAY)),
+        # A refusing replica is skipped on the retry; a failed call skips none.
+        (1, Attempt.UNHEALTHY, "r1", AfterAttempt(Next.RETRY, avoid_replica="r1")),
+        (1, Attempt.UNHEALTHY, "", AfterAttempt(Next.RETRY)),
+        (1, Attempt.FAILED, "r1", AfterAttempt(Next.RETRY)),
+        # One retry only; the 503 says why.
+        (2, Attempt.UNHEALTHY, "r2", AfterAttempt(Next.GIVE_UP, code="replica_unhealthy")),
+        (2, Attempt.FAILED, "", AfterAttempt(Next.GIVE_UP)),
+    ],
+)
+def test_after_attempt(attempt, outcome, replica, expected):
+    assert after_attempt(attempt, outcome, replica) == expected
+
+
+@pytest.mark.parametrize(
+    "now, deadline, finished, expired, expected",
+    [
+        (5.0, 10.0, False, False, Deadline.KEEP),
+        (5.0, 10.0, True, False, Deadline.FORGET),
+        (20.0, 10.0, True, True, Deadline.FORGET),  # finished wins, however late
+        (10.5, 10.0, False, False, Deadline.EXPIRE),
+        (10.0, 10.0, False, False, Deadline.KEEP),  # at the deadline, not past it
+        (12.0, 10.0, False, True, Deadline.KEEP),  # cancelled, its reader still cleaning up
+        (15.5, 10.0, False, True, Deadline.RECLAIM),  # past the 5 s grace: nobody reads it
+        (15.5, 10.0, False, False, Deadline.EXPIRE),  # never expired yet: expire first
+    ],
+)
+def test_deadline_action(now, deadline, finished, expired, expected):
+    assert deadline_action(now, deadline, finished, expired) == expected
+
+
+def test_the_reclaim_grace_is_a_parameter():
+    assert deadline_action(11.5, 10.0, False, True, grace_s=1.0) is Deadline.RECLAIM
+    assert deadline_action(11.5, 10.0, False, True, grace_s=2.0) is Deadline.KEEP
+
+
+@pytest.mark.parametrize(
+    "used, reserved, replica_failed, charged",
+    [
+        (120, 600, False, 120),  # the usage the replica counted, whatever was reserved
+        (120, 600, True, 120),  # an engine failure after the end was counted: still the usage
+        (None, 600, False, 600),  # cut short by the client or the deadline: the reservation
+        (None, 600, True, 0),  # cut short by the replica's failure: nothing
+        (0, 600, False, 0),
+    ],
+)
+def test_tokens_charged(used, reserved, replica_failed, charged):
+    assert tokens_charged(used, reserved, replica_failed) == charged
