@@ -18,7 +18,7 @@ import json
 import logging
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from typing import Any
 
 from ray.serve.request_router import (
@@ -31,11 +31,11 @@ from ray.serve.request_router import (
 
 from deployments import route_notes
 from serve_app.policies.prefix_cache import PrefixIndex, block_keys
+from serve_app.policies.replica_ledger import InFlight, Sessions
 from serve_app.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
 from serve_app.replica_call import PackedBlocks, RoutingStats
 
 logger = logging.getLogger("ray.serve")
-MAX_SESSIONS = 10_000
 MAX_MEMO = 1024
 INLINE_TOKENIZE_BYTES = 16_384  # longer bodies are tokenized off the event loop
 TOKENIZER_RETRY_S = 10.0
@@ -64,12 +64,8 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
         self._weights = ScoreWeights(**kwargs.get("weights", {}))
         self._session_affinity = kwargs.get("session_affinity", True)
         self._rng = random.Random(kwargs.get("seed"))
-        self._in_flight: Counter[ReplicaID] = Counter()
-        # (replica, internal request id) of each accepted request not yet completed. Ray also
-        # calls on_request_completed for requests the replica rejected (or that failed before
-        # acceptance), which were never counted: only these may decrement _in_flight.
-        self._routed: Counter[tuple[ReplicaID, str]] = Counter()
-        self._sessions: OrderedDict[str, str] = OrderedDict()  # session id -> replica unique id
+        self._in_flight = InFlight()  # by ReplicaID
+        self._sessions = Sessions()  # session id -> replica unique id
         self._model = kwargs.get("model", "")
         self._prefix = kwargs.get("prefix")  # {"model_dir", "chat_template"} or None: off
         self._index = PrefixIndex()
@@ -117,11 +113,7 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
                 choice.reason,
                 choice.candidates,
             )
-        if session:
-            self._sessions[session] = choice.replica_id
-            self._sessions.move_to_end(session)
-            while len(self._sessions) > MAX_SESSIONS:
-                self._sessions.popitem(last=False)
+        self._sessions.went_to(session, choice.replica_id)
         # The other healthy ones, best first, as fallbacks if the chosen one refuses (queue full).
         scores = {x.replica_id: score(x, self._weights) for x in loads if x.healthy}
         scores.pop(choice.replica_id, None)
@@ -207,25 +199,15 @@ class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
             if self._decisions:
                 self._decisions.inc(tags={"model": self._model, "reason": note.reason})
         request_id = pending_request.metadata.internal_request_id if pending_request else ""
-        self._routed[(replica_id, request_id)] += 1
-        self._in_flight[replica_id] += 1
+        self._in_flight.routed(replica_id, request_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        key = (replica_id, internal_request_id)
-        if self._routed[key] <= 0:
-            return  # rejected or failed before acceptance: never counted
-        self._routed[key] -= 1
-        if self._routed[key] <= 0:
-            del self._routed[key]
-        if self._in_flight[replica_id] > 0:
-            self._in_flight[replica_id] -= 1
+        self._in_flight.completed(replica_id, internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._index.drop(replica_id.unique_id)
-        self._in_flight.pop(replica_id, None)
-        for key in [k for k in self._routed if k[0] == replica_id]:
-            del self._routed[key]
+        self._in_flight.forget(replica_id)
 
 
 def _request_id(pending_request: PendingRequest | None) -> str | None:
