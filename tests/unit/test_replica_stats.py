@@ -226,7 +226,6 @@ class StubEngine:
 
 def server(stats: EngineStats, cached: CachedBlocks | None = None, queued: float = 0.0):
     """An LLMServer replica around a stub engine, without Ray running."""
-    pytest.importorskip("ray")
     from deployments.llm_server import LLMServer
 
     s = object.__new__(LLMServer.func_or_class)
