@@ -55,16 +55,28 @@ def text(rng: random.Random, num_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(num_words))
 
 
-class Platform2(systems.Platform):
-    """The platform with this run's router, replica count and debug headers."""
+def replica_cores(num_cpus: int, num_replicas: int = 2) -> list[str]:
+    """The host's cores split between the replicas, as each engine's own (as a GPU is each
+    replica's own): 2 cores -> ["0", "1"], 8 -> ["0-3", "4-7"]."""
+    per = num_cpus // num_replicas
+    if per == 0:  # fewer cores than replicas: they share the first
+        return ["0"] * num_replicas
+    return [
+        f"{i * per}" if per == 1 else f"{i * per}-{i * per + per - 1}" for i in range(num_replicas)
+    ]
 
-    def __init__(self, routing: dict, replicas: int, *a, **kw) -> None:
+
+class Platform2(systems.Platform):
+    """The platform with this run's router, replica count, engine cores and debug headers."""
+
+    def __init__(self, routing: dict, replicas: int, cores: list[str], *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self._routing, self._replicas = routing, replicas
+        self._routing, self._replicas, self._cores = routing, replicas, cores
 
     def spec(self) -> dict[str, Any]:
         app = platform_app_args(self.config_path, self.model)
         m = app["models"][0]
+        m["engine"] = {**m["engine"], "cpu_cores_by_replica": self._cores}
         m["routing"] = {**m.get("routing", {}), **self._routing, "session_affinity": False}
         m["deployment"] = {**m.get("deployment", {}), "num_replicas": self._replicas}
         m["deployment"].pop("autoscaling", None)
@@ -179,7 +191,7 @@ def _client(base_url: str) -> httpx.AsyncClient:
 
 def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[str, Any]:
     routing, replicas = ROUTERS[name]
-    system = Platform2(routing, replicas, model, port, work_dir, CONFIG)
+    system = Platform2(routing, replicas, a.replica_cores, model, port, work_dir, CONFIG)
     entry: dict[str, Any] = {"routing": routing, "replicas": replicas, "error": None}
     print(f"== {name} ({replicas} replica(s), log {system.log_path})", flush=True)
     try:
@@ -232,11 +244,18 @@ _WARM = {"scenario": "warm", "session": -1, "turn": 0}
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Sized so that this 2-core host carries the load (TTFT then shows prefill saved, not a
-    # queue), and the conversations' own turns are half of the last prompt (2,048 at most).
+    # queue), and the conversations' own turns are most of the last prompt (~3,000 tokens).
     p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-words", type=int, default=780)
-    p.add_argument("--user-words", type=int, default=150)
+    p.add_argument("--user-words", type=int, default=250)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--replica-cores",
+        nargs="+",
+        default=replica_cores(os.cpu_count() or 2),
+        help="each replica's engine cores (engine.cpu_cores_by_replica); default: half each",
+    )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--think-s", type=float, default=1.0)
     p.add_argument("--stagger-s", type=float, default=0.5)
@@ -259,7 +278,7 @@ def main() -> None:
 
     cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
     path = Path(model_source.resolve(cfg, cache, progress=True))
-    engine_args = {"max_model_len": cfg.engine.max_model_len}
+    engine_args = {"max_model_len": a.max_model_len}
     model = Model(cfg.name, path, engine_args, cfg.engine.cpu_kv_cache_space_gib)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     work_dir = Path("/tmp/llmserve-prefix-routing") / stamp
@@ -268,7 +287,11 @@ def main() -> None:
         "date": dt.date.today().isoformat(),
         "machine": f"{machine.cpu_model()}, {os.cpu_count()} logical CPUs",
         "logical_cpus": os.cpu_count(),
-        "workload": {k: v for k, v in vars(a).items() if k not in ("out_dir", "routers", "port")},
+        "workload": {
+            k: v
+            for k, v in vars(a).items()
+            if k not in ("out_dir", "routers", "port", "report_only")
+        },
         "routers": {},
     }
     for i, name in enumerate(a.routers.split(",")):

@@ -84,6 +84,22 @@ def summary(turns: list[Turn]) -> dict[str, Any]:
     }
 
 
+def _cores_note(doc: dict[str, Any]) -> str:
+    cores = doc["workload"].get("replica_cores")
+    if not cores:  # results from before engines had cores of their own
+        return (
+            "The two replicas' engines shared the host's cores (vLLM pins every engine's worker "
+            "to the same core): a router that sends every request to one replica got that "
+            "core to itself, so TTFT compared fairly only between routers that spread load."
+        )
+    return (
+        f"Each replica's engine computes on cores of its own (`engine.cpu_cores_by_replica`: "
+        f"{cores}), as each would on a GPU of its own; the Router, Ray and the client share all "
+        "cores. A router that sends every request to one replica leaves the other's cores idle; "
+        "one replica (the ideal hit rate) has one replica's cores."
+    )
+
+
 def markdown(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     lines = [
@@ -101,18 +117,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "replica's load score less the runner-up's at each decision, at most (x-route; our "
         "router only).",
         "",
-        *(
-            [
-                f"On this host ({doc['machine']}) the two replicas' engines share the same "
-                "cores: a router that sends every request to one replica leaves the other "
-                "engine idle and its one engine all the CPU, so its TTFT is that of one replica "
-                "(the last row), not of a pair. Here TTFT compares fairly only between the routers "
-                "that spread load (prefix-aware, p2c); hit rates and spread hold on any host.",
-                "",
-            ]
-            if doc.get("logical_cpus", 0) <= 4
-            else []
-        ),
+        _cores_note(doc),
+        "",
         "| router | hit rate | of ideal | later turns | TTFT p50 ms | TTFT p99 ms | requests "
         "per replica | queue gap | load gap | decisions |",
         "|---|---|---|---|---|---|---|---|---|---|",

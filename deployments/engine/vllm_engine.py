@@ -114,9 +114,10 @@ def _count_usage(generate):
 
 
 class VLLMEngine:
-    def __init__(self, model: ModelConfig, model_path: str) -> None:
+    def __init__(self, model: ModelConfig, model_path: str, local_rank: int = 0) -> None:
         self._model = model
         self._model_path = model_path
+        self._local_rank = local_rank  # among the model's replicas on this node
         self._engine: AsyncLLM | None = None
         # A subclass per engine so two engines in one process never share their latest stats.
         self._stats_logger = type("_Stats", (_LastSchedulerStats,), {"latest": None})
@@ -128,8 +129,9 @@ class VLLMEngine:
         self._cached: CachedBlocks | None = None
 
     async def start(self) -> None:
-        launch = vllm_args.launch(self._model, self._model_path)
-        os.environ.update(launch.env)  # read by vLLM's CPU worker when it sizes the KV cache
+        launch = vllm_args.launch(self._model, self._model_path, self._local_rank)
+        # Read by vLLM's CPU worker when it sizes its KV cache and pins its threads.
+        os.environ.update(launch.env)
         argv = launch.argv
         if self._kv_events is not None:
             argv = [*argv, "--kv-events-config", json.dumps(self._kv_events.config())]

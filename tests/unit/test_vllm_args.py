@@ -42,6 +42,28 @@ def test_engine_args_and_server_flags_become_vllm_serve_flags():
     assert run.env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
 
 
+@pytest.mark.parametrize(
+    "cores, local_rank, expected",
+    [
+        (None, 0, None),  # vLLM's own choice: the same core in every engine of a host
+        (["0", "1"], 0, "0"),
+        (["0", "1"], 1, "1"),
+        (["0-3", "4-7"], 2, "0-3"),  # more replicas than entries: they share, round robin
+        (["2,5"], 1, "2,5"),
+    ],
+)
+def test_each_replica_pins_its_engine_to_its_own_cores(cores, local_rank, expected):
+    run = launch(model(engine={"cpu_cores_by_replica": cores}), "/p", local_rank)
+    assert run.env.get("VLLM_CPU_OMP_THREADS_BIND") == expected
+    assert "cpu_cores_by_replica" not in " ".join(run.argv)  # an env var, not a flag
+
+
+@pytest.mark.parametrize("cores", [[], ["a"], ["0-"], ["0|1"], [""]])
+def test_core_lists_are_checked(cores):
+    with pytest.raises(ValidationError, match="cpu_cores_by_replica"):
+        model(engine={"cpu_cores_by_replica": cores})
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValidationError, match="tool_call_parser"):
         model(server={"enable_auto_tool_choice": True})
