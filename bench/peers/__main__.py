@@ -115,7 +115,7 @@ async def measure(
     url = system.base_url
     await scenarios.warm_up(url, model, w, log)
     if "sweep" in scenario_names:
-        entry["sweep"] = await scenarios.sweep(url, model, w, log)
+        entry["sweep"] = await scenarios.sweep(url, model, w, log, system.cpu_by_role)
         system.track()
         if capacity.get("rps") is None:
             capacity.update(

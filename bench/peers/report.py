@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.peers import cpu
 from bench.peers.spec import BASELINE
 
 LABELS = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve (this)"}
@@ -114,6 +115,30 @@ def _sweep_section(r: dict[str, Any]) -> list[str]:
         "the loop needs, so a row with requests not completed is not a fair comparison.",
         "",
         *_table(r, ["concurrency", "metric"], rows),
+        "",
+        *_cpu_section(r),
+    ]
+
+
+def _cpu_section(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for c in r["workload"]["concurrencies"]:
+        for role in (*cpu.ROLES, "all_but_engine"):
+
+            def get(s, c=c, role=role):
+                per = _lookup(r, s, "sweep", "concurrency", c, "cpu_ms_per_token") or {}
+                return per.get(role)
+
+            rows.append(Row([str(c), role], get, ratio=False))
+    if not any(row.get(s) for row in rows for s in r["systems"]):
+        return []  # results from before the sweep read CPU
+    return [
+        "CPU ms per output token, by role (bench/peers/cpu.py): the engine (vLLM's engine core "
+        "and workers), the frontend (the process holding vLLM's AsyncLLM and OpenAI layer), the "
+        "Router or ingress, the proxy, the rest of Ray, the client. On this host all of them "
+        "share the cores the engine computes on: what the others take, the engine lacks.",
+        "",
+        *_table(r, ["concurrency", "role"], rows),
         "",
     ]
 

@@ -1,7 +1,7 @@
 """The three scenarios, each a coroutine that drives one running system and returns plain dicts.
 
 (a) `sweep`: closed loop at each concurrency (1, 4, 16, 64): request and output-token throughput,
-    TTFT and TPOT p50/p99, from `vllm.benchmarks.serve`.
+    TTFT and TPOT p50/p99, from `vllm.benchmarks.serve`; CPU ms per output token by role.
 (b) `open_loop`: Poisson arrivals at multiples of a capacity (requests/s; see `capacity_rps`):
     goodput, TTFT p99 of completed requests, and the shares refused (429/503) or failed.
 (c) `mixed`: batch traffic saturating the system while interactive requests arrive; TTFT per
@@ -17,11 +17,13 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.peers.cpu import ms_per_token
 from bench.peers.load import Req, bench_args, client_session, run_bench, samples, stream_request
 from bench.peers.spec import TENANTS, Model, Workload
 
@@ -76,9 +78,18 @@ async def warm_up(base_url: str, model: Model, w: Workload, log: Path) -> None:
         )
 
 
-async def sweep(base_url: str, model: Model, w: Workload, log: Path) -> list[dict[str, Any]]:
+async def sweep(
+    base_url: str,
+    model: Model,
+    w: Workload,
+    log: Path,
+    cpu: Callable[[], dict[str, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """`cpu`: the system's CPU seconds by role so far (bench/peers/cpu.py), read around each
+    level for its CPU ms per output token."""
     rows = []
     for c in w.concurrencies:
+        cpu_before = cpu() if cpu else None
         args = bench_args(
             base_url,
             model,
@@ -88,9 +99,13 @@ async def sweep(base_url: str, model: Model, w: Workload, log: Path) -> list[dic
             api_key=TENANTS.sweep,
         )
         agg, reqs = await run_bench(args, log)
+        per_token = {}
+        if cpu_before is not None:
+            per_token = ms_per_token(cpu_before, cpu(), agg["total_output_tokens"])
         rows.append(
             {
                 "concurrency": c,
+                "cpu_ms_per_token": per_token,
                 **outcome_counts(reqs),
                 "duration_s": round(agg["duration"], 2),
                 "request_throughput": round(agg["request_throughput"], 3),

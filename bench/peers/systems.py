@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.peers import cpu
 from bench.peers.spec import ROOT, TENANTS, Model, platform_app_args
 from serve_app.vllm_args import flags
 
@@ -111,6 +112,10 @@ class System:
                     self._seen[p.pid] = (p.create_time(), p.name(), p.nice())
         except psutil.NoSuchProcess:
             pass
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds so far of the system's processes by role (bench/peers/cpu.py)."""
+        return cpu.cpu_by_role(cpu.tree(self._proc.pid) if self._proc else [])
 
     def wait_ready(self, timeout_s: float) -> float:
         """Seconds from start until the model answers; raises SystemFailed on exit or timeout."""
