@@ -34,6 +34,8 @@ from bench.peers import machine, systems
 from bench.peers.__main__ import start
 from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
 from bench.prefix_routing_report import Turn, markdown, summary
+from serve_app.policies.memory_plan import kv_bytes_per_token, kv_dtype_bytes
+from serve_app.policies.weights import ModelShape, load_hf_config
 
 RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
@@ -43,11 +45,12 @@ WORDS = (
     "said what its about into than them can only other new some could time these two may then"
 ).split()
 ROUTERS = {
-    # name: (routing config, replicas)
-    "prefix-aware": ({"policy": "llm_aware", "prefix_aware": True}, 2),
-    "p2c": ({"policy": "llm_aware", "prefix_aware": False}, 2),
-    "ray-prefix-affinity": ({"policy": "ray_prefix_affinity"}, 2),
-    "one-replica": ({"policy": "llm_aware", "prefix_aware": True}, 1),
+    # name: (routing config, replicas, KV cache of each replica in units of --kv-cache-tokens)
+    "prefix-aware": ({"policy": "llm_aware", "prefix_aware": True}, 2, 1),
+    "p2c": ({"policy": "llm_aware", "prefix_aware": False}, 2, 1),
+    "ray-prefix-affinity": ({"policy": "ray_prefix_affinity"}, 2, 1),
+    # The ideal hit rate: one cache as large as the pair's, every turn finds its history.
+    "one-replica": ({"policy": "llm_aware", "prefix_aware": True}, 1, 2),
 }
 
 
@@ -55,28 +58,31 @@ def text(rng: random.Random, num_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(num_words))
 
 
-def replica_cores(num_cpus: int, num_replicas: int = 2) -> list[str]:
-    """The host's cores split between the replicas, as each engine's own (as a GPU is each
-    replica's own): 2 cores -> ["0", "1"], 8 -> ["0-3", "4-7"]."""
-    per = num_cpus // num_replicas
-    if per == 0:  # fewer cores than replicas: they share the first
-        return ["0"] * num_replicas
-    return [
-        f"{i * per}" if per == 1 else f"{i * per}-{i * per + per - 1}" for i in range(num_replicas)
-    ]
+def kv_cache_bytes(model_dir: Path, num_tokens: int) -> int:
+    """What `num_tokens` of the model's bf16 KV cache take (the memory planner's arithmetic)."""
+    shape = ModelShape.from_hf_config(load_hf_config(model_dir))
+    return num_tokens * kv_bytes_per_token(shape, kv_dtype_bytes("auto"))
 
 
 class Platform2(systems.Platform):
-    """The platform with this run's router, replica count, engine cores and debug headers."""
+    """The platform with this run's router, replica count, KV cache size and debug headers."""
 
-    def __init__(self, routing: dict, replicas: int, cores: list[str], *a, **kw) -> None:
+    def __init__(self, routing: dict, replicas: int, kv_bytes: int, cores, *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self._routing, self._replicas, self._cores = routing, replicas, cores
+        self._routing, self._replicas, self._kv_bytes, self._cores = (
+            routing,
+            replicas,
+            kv_bytes,
+            cores,
+        )
 
     def spec(self) -> dict[str, Any]:
         app = platform_app_args(self.config_path, self.model)
         m = app["models"][0]
-        m["engine"] = {**m["engine"], "cpu_cores_by_replica": self._cores}
+        engine = {k: v for k, v in m["engine"].items() if k != "cpu_kv_cache_space_gib"}
+        engine["extra"] = {**engine.get("extra", {}), "kv_cache_memory_bytes": self._kv_bytes}
+        engine["cpu_cores_by_replica"] = self._cores
+        m["engine"] = engine
         m["routing"] = {**m.get("routing", {}), **self._routing, "session_affinity": False}
         m["deployment"] = {**m.get("deployment", {}), "num_replicas": self._replicas}
         m["deployment"].pop("autoscaling", None)
@@ -190,9 +196,16 @@ def _client(base_url: str) -> httpx.AsyncClient:
 
 
 def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[str, Any]:
-    routing, replicas = ROUTERS[name]
-    system = Platform2(routing, replicas, a.replica_cores, model, port, work_dir, CONFIG)
-    entry: dict[str, Any] = {"routing": routing, "replicas": replicas, "error": None}
+    routing, replicas, kv_units = ROUTERS[name]
+    kv_tokens = kv_units * a.kv_cache_tokens
+    kv_bytes = kv_cache_bytes(model.path, kv_tokens)
+    system = Platform2(routing, replicas, kv_bytes, a.replica_cores, model, port, work_dir, CONFIG)
+    entry: dict[str, Any] = {
+        "routing": routing,
+        "replicas": replicas,
+        "kv_cache_tokens_per_replica": kv_tokens,
+        "error": None,
+    }
     print(f"== {name} ({replicas} replica(s), log {system.log_path})", flush=True)
     try:
         entry["ready_s"], _ = start(system, 900)
@@ -243,18 +256,20 @@ _WARM = {"scenario": "warm", "session": -1, "turn": 0}
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # Sized so that this 2-core host carries the load (TTFT then shows prefill saved, not a
-    # queue), and the conversations' own turns are most of the last prompt (~3,000 tokens).
-    p.add_argument("--sessions", type=int, default=8)
+    # Sized so that the conversations (~3,200 tokens each by the last turn, ~50,000 in all) fit
+    # in the pair's KV caches but not in one replica's: as on GPUs, cache space is what a
+    # router must not waste (a replica holding every history evicts them before their next turn).
+    p.add_argument("--sessions", type=int, default=16)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-words", type=int, default=780)
     p.add_argument("--user-words", type=int, default=250)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-tokens", type=int, default=32768, help="per replica")
     p.add_argument(
         "--replica-cores",
         nargs="+",
-        default=replica_cores(os.cpu_count() or 2),
-        help="each replica's engine cores (engine.cpu_cores_by_replica); default: half each",
+        help="engine.cpu_cores_by_replica; default: vLLM's own binding (on a host this small, "
+        "every engine's worker on the same core, so every router gets the same compute)",
     )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--think-s", type=float, default=1.0)

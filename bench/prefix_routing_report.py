@@ -84,19 +84,27 @@ def summary(turns: list[Turn]) -> dict[str, Any]:
     }
 
 
-def _cores_note(doc: dict[str, Any]) -> str:
-    cores = doc["workload"].get("replica_cores")
-    if not cores:  # results from before engines had cores of their own
+def _setup_note(doc: dict[str, Any]) -> str:
+    w, routers = doc["workload"], doc["routers"]
+    if "kv_cache_tokens" not in w:  # results from before the KV cache was sized per replica
         return (
             "The two replicas' engines shared the host's cores (vLLM pins every engine's worker "
             "to the same core): a router that sends every request to one replica got that "
             "core to itself, so TTFT compared fairly only between routers that spread load."
         )
+    cores = w.get("replica_cores")
+    where = (
+        f"on cores of their own ({cores})"
+        if cores
+        else "on the same core, as vLLM binds every engine of a small host, so every router "
+        "has the same compute"
+    )
+    ideal = routers.get("one-replica", {}).get("kv_cache_tokens_per_replica")
     return (
-        f"Each replica's engine computes on cores of its own (`engine.cpu_cores_by_replica`: "
-        f"{cores}), as each would on a GPU of its own; the Router, Ray and the client share all "
-        "cores. A router that sends every request to one replica leaves the other's cores idle; "
-        "one replica (the ideal hit rate) has one replica's cores."
+        f"Each replica's KV cache holds {w['kv_cache_tokens']} tokens: the conversations fit in "
+        "the pair's caches, not in one. The engines compute "
+        f"{where}. The ideal hit rate is one replica with a cache of {ideal} tokens, the pair's: "
+        "every turn finds its history there."
     )
 
 
@@ -117,7 +125,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "replica's load score less the runner-up's at each decision, at most (x-route; our "
         "router only).",
         "",
-        _cores_note(doc),
+        _setup_note(doc),
         "",
         "| router | hit rate | of ideal | later turns | TTFT p50 ms | TTFT p99 ms | requests "
         "per replica | queue gap | load gap | decisions |",
