@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,7 +17,6 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from autoscaling.policy import AutoscalingParams
 from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source, vllm_args
@@ -76,10 +74,7 @@ def request_router_config(
 
 def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
     a = model.deployment.autoscaling
-    params = AutoscalingParams(  # validated here, not first inside Serve's controller
-        target_per_replica=a.target_per_replica or max(1.0, model.engine.max_num_seqs - 1.0),
-        **a.model_dump(exclude={"target_per_replica", "metrics_interval_s"}),
-    )
+    params = a.for_slots(model.engine.max_num_seqs)
     return {
         "min_replicas": a.min_replicas,
         "max_replicas": a.max_replicas,
@@ -93,7 +88,7 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
         "look_back_period_s": max(2 * a.metrics_interval_s, 2.0),
         "policy": {
             "policy_function": "autoscaling.ray_policy:LLMQueueAutoscalingPolicy",
-            "policy_kwargs": dataclasses.asdict(params),
+            "policy_kwargs": params.to_dict(),
         },
     }
 
