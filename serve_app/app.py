@@ -21,6 +21,7 @@ from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source, vllm_args
 from serve_app.config import AppConfig, ModelConfig
+from serve_app.policies.routing import ScoreWeights
 from serve_app.ray_env import REPLICA_ENV
 
 logger = logging.getLogger(__name__)
@@ -51,13 +52,7 @@ def request_router_config(
         kwargs = {
             "model": model.name,
             "session_affinity": r.session_affinity,
-            "weights": {
-                "waiting": r.waiting_weight,
-                "kv_cache": r.kv_cache_weight,
-                "max_affinity_score": r.max_affinity_score,
-                "prefix_weight": r.prefix_weight,
-                "prefix_load_margin": r.prefix_load_margin,
-            },
+            "weights": ScoreWeights.of(r).to_dict(),
         }
         if r.prefix_aware and model_dir is not None:
             kwargs["prefix"] = {

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from autoscaling.policy import AutoscalingParams
 from serve_app import quantization
 from serve_app.admission_config import AdmissionConfig, TenantConfig
+from serve_app.policies.routing import ScoreWeights
 from serve_app.strict import MODEL_NAME_RE, Strict
 
 
@@ -165,26 +166,15 @@ class HealthConfig(Strict):
     )
 
 
-class RoutingConfig(Strict):
+# The score's weights, plus which request router runs and its options.
+@dataclass(frozen=True, kw_only=True)
+class RoutingConfig(ScoreWeights):
     # llm_aware: load and (prefix_aware) cached prefixes; round_robin, ray_default: baselines;
     # ray_prefix_affinity: Ray Serve LLM's prompt-text router, for comparison (docs/routing.md).
     policy: Literal["llm_aware", "round_robin", "ray_default", "ray_prefix_affinity"] = "llm_aware"
-    stats_period_s: float = Field(default=1.0, gt=0, description="record_routing_stats period.")
-    session_affinity: bool = Field(
-        default=True, description="Same x-session-id (or `user`) -> same replica while healthy."
-    )
-    waiting_weight: float = Field(default=1.0, ge=0)
-    kv_cache_weight: float = Field(default=8.0, ge=0)
-    max_affinity_score: float = Field(default=32.0, ge=0)
-    prefix_aware: bool = Field(
-        default=True, description="Prefer the replica caching the prompt's start (KV events)."
-    )
-    prefix_weight: float = Field(
-        default=8.0, ge=0, description="A fully cached prompt counts as this many fewer requests."
-    )
-    prefix_load_margin: float = Field(
-        default=8.0, ge=0, description="No cache credit this far above the least loaded replica."
-    )
+    stats_period_s: Annotated[float, Gt(0)] = 1.0  # how often replicas record_routing_stats
+    session_affinity: bool = True  # same x-session-id (or `user`) -> same replica while healthy
+    prefix_aware: bool = True  # prefer the replica caching the prompt's start (KV events)
 
 
 class SimulationConfig(Strict):

@@ -176,6 +176,10 @@ def test_health_probe_must_fit_inside_serves_health_check(probe_s, check_s, ok):
         ("autoscaling", {"min_replicas": -1}, "min_replicas", "greater than or equal to 0"),
         ("autoscaling", {"downscale_headroom": 1.5}, "downscale_headroom", "less than or equal"),
         ("autoscaling", {"metrics_interval_s": 0}, "metrics_interval_s", "greater than 0"),
+        ("routing", {"waiting_wieght": 1}, "waiting_wieght", "Unexpected keyword argument"),
+        ("routing", {"kv_cache_weight": -1}, "kv_cache_weight", "greater than or equal to 0"),
+        ("routing", {"policy": "random"}, "policy", "Input should be"),
+        ("routing", {"stats_period_s": 0}, "stats_period_s", "greater than 0"),
     ],
 )
 def test_policy_blocks_refuse_bad_keys_naming_them(block, values, loc, says):
@@ -209,6 +213,7 @@ def test_policy_blocks_are_frozen_and_round_trip_through_a_dump():
         "name": "m",
         "source": "a/b",
         "deployment": {"autoscaling": {"max_replicas": 4, "metrics_interval_s": 2}},
+        "routing": {"waiting_weight": 2},
     }
     cfg = AppConfig.model_validate(app_args(model))
     m = cfg.models[0]
@@ -216,6 +221,7 @@ def test_policy_blocks_are_frozen_and_round_trip_through_a_dump():
     assert m.deployment.autoscaling.metrics_interval_s == 2.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.deployment.autoscaling.max_replicas = 3
+    assert m.routing.waiting_weight == 2.0
     assert AppConfig.model_validate(cfg.model_dump()) == cfg  # what the Router is given
 
 
