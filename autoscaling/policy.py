@@ -16,39 +16,50 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Annotated
+
+from annotated_types import Ge, Gt, Le
+
+from serve_app.policies.params import Params
+
+Seconds = Annotated[float, Ge(0)]  # a delay or a duration; 0: none
 
 
-@dataclass(frozen=True)
-class AutoscalingParams:
-    """The policy's parameters. The defaults are the shipped ones (serve_app/config.py reads
-    them) and the ones the trace-driven simulation chose and accepts (autoscaling/simulate.py,
+# kw_only: nine numbers in a row, too easy to swap by position.
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingParams(Params):
+    """The policy's parameters, and the `deployment.autoscaling:` config block (which adds
+    Ray's `metrics_interval_s`, serve_app/config.py). The defaults are the shipped ones and the
+    ones the trace-driven simulation chose and accepts (autoscaling/simulator.py SIM_PARAMS,
     docs/autoscaling.md); only max_replicas, a cluster's size, differs there."""
 
-    min_replicas: int = 1
-    max_replicas: int = 2
+    min_replicas: Annotated[int, Ge(0)] = 1
+    max_replicas: Annotated[int, Ge(1)] = 2
     # Requests a replica should hold (running + waiting + its share of the Router's queue).
-    # The config's default is its engine's max_num_seqs less one: a spare slot covers the
-    # growth while a new replica starts.
-    target_per_replica: float = 15.0
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 30.0
-    downscale_headroom: float = 0.9  # scale down only if load <= (n-1) x target x headroom
-    replica_start_s: float = 60.0  # how long a new replica takes to serve
-    scale_to_zero_after_s: float = 300.0  # with min_replicas 0: idle this long -> 0
+    # None: its engine's slots (max_num_seqs) less one, filled in by `for_slots`: a spare slot
+    # covers the growth while a new replica starts.
+    target_per_replica: Annotated[float, Gt(0)] | None = None
+    upscale_delay_s: Seconds = 5.0
+    downscale_delay_s: Seconds = 30.0
+    # Scale down only if the load fits in one fewer replica at this fraction:
+    # load <= (n-1) x target x headroom.
+    downscale_headroom: Annotated[float, Gt(0), Le(1)] = 0.9
+    replica_start_s: Seconds = 60.0  # how long a new replica takes to serve
+    # With min_replicas 0: idle this long -> 0. Not 0 itself: every idle sample would go to
+    # zero, and the next request would wait for a replica to start.
+    scale_to_zero_after_s: Annotated[float, Gt(0)] = 300.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
-            raise ValueError("need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
-        if self.target_per_replica <= 0 or not 0 < self.downscale_headroom <= 1:
-            raise ValueError("target_per_replica > 0 and 0 < downscale_headroom <= 1")
-        durations_s = (
-            self.upscale_delay_s,
-            self.downscale_delay_s,
-            self.replica_start_s,
-            self.scale_to_zero_after_s,
-        )
-        if min(durations_s) < 0:
-            raise ValueError("delays, replica_start_s and scale_to_zero_after_s must be >= 0")
+        super().__post_init__()
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+
+    def for_slots(self, num_slots: int) -> AutoscalingParams:
+        """These parameters with the target set: as given, or `num_slots` less one."""
+        params = AutoscalingParams.of(self)
+        if params.target_per_replica is not None:
+            return params
+        return replace(params, target_per_replica=max(1.0, num_slots - 1.0))
 
 
 @dataclass(frozen=True)
@@ -75,11 +86,13 @@ class PolicyState:
 
 
 def desired_for(load: float, p: AutoscalingParams) -> int:
-    return math.ceil(load / p.target_per_replica) if load > 0 else 0
+    return math.ceil(load / _target(p)) if load > 0 else 0
 
 
 def decide(s: Signals, p: AutoscalingParams, state: PolicyState) -> tuple[int, PolicyState]:
-    """The replica count to ask for now, and the state to pass next time."""
+    """The replica count to ask for now, and the state to pass next time. `p` has its target
+    set (`for_slots`)."""
+    target_per_replica = _target(p)
     now, target = s.now_s, s.target_replicas
     if s.load > 0:
         idle_since = None
@@ -117,7 +130,7 @@ def decide(s: Signals, p: AutoscalingParams, state: PolicyState) -> tuple[int, P
             return _change(want, +1, now, state)
         return target, replace(state, want_up_since_s=since, want_down_since_s=None)
 
-    fits_in_fewer = target > floor and s.load <= (target - 1) * p.target_per_replica * (
+    fits_in_fewer = target > floor and s.load <= (target - 1) * target_per_replica * (
         p.downscale_headroom
     )
     if fits_in_fewer:
@@ -128,6 +141,12 @@ def decide(s: Signals, p: AutoscalingParams, state: PolicyState) -> tuple[int, P
     return min(max(target, floor), p.max_replicas), replace(
         state, want_up_since_s=None, want_down_since_s=None
     )
+
+
+def _target(p: AutoscalingParams) -> float:
+    if p.target_per_replica is None:
+        raise ValueError("target_per_replica is not set: call for_slots(num_slots) first")
+    return p.target_per_replica
 
 
 def _change(n: int, direction: int, now: float, state: PolicyState) -> tuple[int, PolicyState]:

@@ -23,7 +23,7 @@ logger = logging.getLogger("ray.serve")
 
 class LLMQueueAutoscalingPolicy:
     def __init__(self, **params: Any) -> None:
-        self._params = AutoscalingParams(**params)
+        self._params = AutoscalingParams.from_dict(params)
 
     def __call__(self, ctx) -> tuple[int, dict[str, Any]]:
         metrics = ctx.aggregated_metrics or {}

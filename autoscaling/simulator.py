@@ -41,8 +41,8 @@ class ReplicaModel:
 # The shipped defaults (AutoscalingParams'), which this simulation chose for the model above on
 # the daily trace (docs/autoscaling.md): the cheapest setting that keeps >= 99% within the TTFT
 # target for every seed tried, with margin. Only the cluster's size is the trace's own, and the
-# target is the config's default for 16 slots (max_num_seqs less one).
-SIM_PARAMS = AutoscalingParams(max_replicas=32, target_per_replica=ReplicaModel().slots - 1)
+# target is the default rule's for 16 slots (max_num_seqs less one).
+SIM_PARAMS = AutoscalingParams(max_replicas=32).for_slots(ReplicaModel().slots)
 
 
 @dataclass
@@ -112,6 +112,7 @@ def simulate(
         target = fixed_replicas
     else:
         assert params is not None
+        params = params.for_slots(model.slots)  # the target, where none is given, as deployed
         # Warm start: the trace begins where a steady state at its first rate would be (a day
         # follows the day before), with those replicas up.
         steady = desired_for(float(trace.rate_per_s[0]) * service, params)

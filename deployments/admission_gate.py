@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from serve_app import tracing
 from serve_app.config import AppConfig, ModelConfig, TenantConfig
 from serve_app.openai_protocol import OpenAIError
+from serve_app.policies import readiness
 from serve_app.policies.admission import AdmissionPolicy, Admit, Queue, Reject
 from serve_app.policies.rate_limit import TenantLimiter
 
@@ -86,6 +87,11 @@ class Gate:
             for m in config.models
         }
         self._live_replicas: dict[str, int] = {}  # unknown until the first refresh
+        self._may_scale_to_zero = frozenset(
+            m.name
+            for m in config.models
+            if m.deployment.autoscaling is not None and m.deployment.autoscaling.min_replicas == 0
+        )
         self._waiters: dict[str, asyncio.Future] = {}
         self._concurrent: Counter[str] = Counter()
         self._ids = itertools.count()
@@ -266,19 +272,8 @@ class Gate:
             self._start(queue.set_capacity(capacity, self._clock()))
 
     def not_ready(self) -> dict[str, str]:
-        """Models that cannot serve now, with why; empty when the app is ready for traffic.
-        A model allowed to scale to zero is ready with no replica: its first request starts one."""
-        reasons = {}
-        for name, model in self._models.items():
-            a = model.deployment.autoscaling
-            if a is not None and a.min_replicas == 0:
-                continue
-            live = self._live_replicas.get(name)
-            if live is None:
-                reasons[name] = "replica count not known yet"
-            elif live == 0:
-                reasons[name] = "no replica running"
-        return reasons
+        """Models that cannot serve now, with why; empty when the app is ready for traffic."""
+        return readiness.not_ready(self._models, self._live_replicas, self._may_scale_to_zero)
 
     def rate_headers(self, tenant: TenantConfig) -> dict[str, str]:
         return self._limiters[tenant.name].status(self._clock()).headers()

@@ -61,7 +61,7 @@ def _avoided_replica(pending_request: PendingRequest | None) -> str | None:
 
 class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
-        self._weights = ScoreWeights(**kwargs.get("weights", {}))
+        self._weights = ScoreWeights.from_dict(kwargs.get("weights", {}))
         self._session_affinity = kwargs.get("session_affinity", True)
         self._rng = random.Random(kwargs.get("seed"))
         self._in_flight = InFlight()  # by ReplicaID

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,11 +17,11 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from autoscaling.policy import AutoscalingParams
 from deployments.llm_server import LLMServer
 from deployments.router import Router
 from serve_app import model_source, vllm_args
 from serve_app.config import AppConfig, ModelConfig
+from serve_app.policies.routing import ScoreWeights
 from serve_app.ray_env import REPLICA_ENV
 
 logger = logging.getLogger(__name__)
@@ -53,13 +52,7 @@ def request_router_config(
         kwargs = {
             "model": model.name,
             "session_affinity": r.session_affinity,
-            "weights": {
-                "waiting": r.waiting_weight,
-                "kv_cache": r.kv_cache_weight,
-                "max_affinity_score": r.max_affinity_score,
-                "prefix_weight": r.prefix_weight,
-                "prefix_load_margin": r.prefix_load_margin,
-            },
+            "weights": ScoreWeights.of(r).to_dict(),
         }
         if r.prefix_aware and model_dir is not None:
             kwargs["prefix"] = {
@@ -76,10 +69,7 @@ def request_router_config(
 
 def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
     a = model.deployment.autoscaling
-    params = AutoscalingParams(  # validated here, not first inside Serve's controller
-        target_per_replica=a.target_per_replica or max(1.0, model.engine.max_num_seqs - 1.0),
-        **a.model_dump(exclude={"target_per_replica", "metrics_interval_s"}),
-    )
+    params = a.for_slots(model.engine.max_num_seqs)
     return {
         "min_replicas": a.min_replicas,
         "max_replicas": a.max_replicas,
@@ -93,7 +83,7 @@ def autoscaling_config(model: ModelConfig) -> dict[str, Any]:
         "look_back_period_s": max(2 * a.metrics_interval_s, 2.0),
         "policy": {
             "policy_function": "autoscaling.ray_policy:LLMQueueAutoscalingPolicy",
-            "policy_kwargs": dataclasses.asdict(params),
+            "policy_kwargs": params.to_dict(),
         },
     }
 

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from annotated_types import Gt
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
+from autoscaling.policy import AutoscalingParams
 from serve_app import quantization
 from serve_app.admission_config import AdmissionConfig, TenantConfig
+from serve_app.policies.routing import ScoreWeights
 from serve_app.strict import MODEL_NAME_RE, Strict
 
 
@@ -110,36 +114,14 @@ class ServerConfig(Strict):
         return {**kwargs, **self.extra}
 
 
-class AutoscalingOptions(Strict):
-    """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas. The
-    defaults equal AutoscalingParams' (tests/unit/test_config.py checks), which the simulation
-    accepts (autoscaling/simulate.py)."""
+# The policy's parameters, plus how often Ray gathers the replicas' metrics: a setting of Ray's
+# autoscaler, not of the decision. pydantic validates it as it does a model (the bounds on the
+# fields, unknown keys refused naming them, __post_init__'s checks).
+@dataclass(frozen=True, kw_only=True)
+class AutoscalingOptions(AutoscalingParams):
+    """Queue-length-driven replica count (autoscaling/policy.py); replaces num_replicas."""
 
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=2, ge=1)
-    target_per_replica: float | None = Field(
-        default=None,
-        gt=0,
-        description="Requests a replica should hold (running + waiting + its share of the "
-        "Router's queue). Default: the engine's max_num_seqs less one.",
-    )
-    upscale_delay_s: float = Field(default=5.0, ge=0)
-    downscale_delay_s: float = Field(default=30.0, ge=0)
-    downscale_headroom: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="Scale down only if the load fits in one fewer replica at this fraction.",
-    )
-    replica_start_s: float = Field(default=60.0, ge=0, description="Time a replica takes to serve.")
-    scale_to_zero_after_s: float = Field(default=300.0, gt=0)
-    metrics_interval_s: float = Field(default=1.0, gt=0)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingOptions:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
-        return self
+    metrics_interval_s: Annotated[float, Gt(0)] = 1.0
 
 
 class DeploymentOptions(Strict):
@@ -188,26 +170,15 @@ class HealthConfig(Strict):
     )
 
 
-class RoutingConfig(Strict):
+# The score's weights, plus which request router runs and its options.
+@dataclass(frozen=True, kw_only=True)
+class RoutingConfig(ScoreWeights):
     # llm_aware: load and (prefix_aware) cached prefixes; round_robin, ray_default: baselines;
     # ray_prefix_affinity: Ray Serve LLM's prompt-text router, for comparison (docs/routing.md).
     policy: Literal["llm_aware", "round_robin", "ray_default", "ray_prefix_affinity"] = "llm_aware"
-    stats_period_s: float = Field(default=1.0, gt=0, description="record_routing_stats period.")
-    session_affinity: bool = Field(
-        default=True, description="Same x-session-id (or `user`) -> same replica while healthy."
-    )
-    waiting_weight: float = Field(default=1.0, ge=0)
-    kv_cache_weight: float = Field(default=8.0, ge=0)
-    max_affinity_score: float = Field(default=32.0, ge=0)
-    prefix_aware: bool = Field(
-        default=True, description="Prefer the replica caching the prompt's start (KV events)."
-    )
-    prefix_weight: float = Field(
-        default=8.0, ge=0, description="A fully cached prompt counts as this many fewer requests."
-    )
-    prefix_load_margin: float = Field(
-        default=8.0, ge=0, description="No cache credit this far above the least loaded replica."
-    )
+    stats_period_s: Annotated[float, Gt(0)] = 1.0  # how often replicas record_routing_stats
+    session_affinity: bool = True  # same x-session-id (or `user`) -> same replica while healthy
+    prefix_aware: bool = True  # prefer the replica caching the prompt's start (KV events)
 
 
 class SimulationConfig(Strict):

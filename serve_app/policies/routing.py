@@ -19,6 +19,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Ge, Gt
+
+from serve_app.policies.params import Params
 
 
 @dataclass(frozen=True)
@@ -32,18 +37,25 @@ class ReplicaLoad:
     healthy: bool = True
 
 
-@dataclass(frozen=True)
-class ScoreWeights:
-    waiting: float = 1.0  # each request queued inside the engine
-    kv_cache: float = 8.0  # a full KV cache counts as 8 more requests
-    in_flight: float = 1.0
-    stale_after_s: float = 5.0
+Weight = Annotated[float, Ge(0)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreWeights(Params):
+    """The score's parameters, and the `routing:` config block's (which adds the router's
+    choice and options, serve_app/config.py): each field's default and bound is written here."""
+
+    waiting_weight: Weight = 1.0  # each request queued inside the engine
+    kv_cache_weight: Weight = 8.0  # a full KV cache counts as 8 more requests
+    in_flight_weight: Weight = 1.0  # each request this router sent there, not yet completed
+    # Stats older than this are ignored: only the live in-flight count is trusted then.
+    stale_after_s: Annotated[float, Gt(0)] = 5.0
     # Session affinity yields to P2C once the sticky replica's score exceeds this.
-    max_affinity_score: float = 32.0
+    max_affinity_score: Weight = 32.0
     # A prompt fully cached on a replica is worth this many queued requests there.
-    prefix_weight: float = 8.0
+    prefix_weight: Weight = 8.0
     # No cache credit for a replica scoring more than this above the least loaded one.
-    prefix_load_margin: float = 8.0
+    prefix_load_margin: Weight = 8.0
 
 
 @dataclass(frozen=True)
@@ -57,10 +69,11 @@ class Choice:
 
 
 def score(load: ReplicaLoad, w: ScoreWeights) -> float:
-    s = w.in_flight * load.num_in_flight
+    s = w.in_flight_weight * load.num_in_flight
     fresh = load.stats_age_s is not None and load.stats_age_s <= w.stale_after_s
     if fresh:
-        s += w.waiting * (load.num_waiting or 0) + w.kv_cache * (load.kv_cache_usage or 0.0)
+        s += w.waiting_weight * (load.num_waiting or 0)
+        s += w.kv_cache_weight * (load.kv_cache_usage or 0.0)
     return s
 
 

@@ -1,7 +1,8 @@
 """Shared by the autoscaling policy's unit tests (test_autoscaling_policy.py,
-test_autoscaling_bounds.py): the parameters most cases use, a Signals builder, and `Cluster`, a
-fake that feeds the policy one load sample a second and brings requested replicas up
-`ready_after_s` later, so that "current" and "target" replicas behave as they do under Ray Serve.
+test_autoscaling_bounds.py): the parameters most cases use (`P`, or `deployed` with some
+changed), a Signals builder, and `Cluster`, a fake that feeds the policy one load sample a
+second and brings requested replicas up `ready_after_s` later, so that "current" and "target"
+replicas behave as they do under Ray Serve.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ P = AutoscalingParams(
     replica_start_s=60.0,
     scale_to_zero_after_s=300.0,
 )
+SLOTS = 16  # per replica: the simulator's, so the target where a case gives none is 15
+
+
+def deployed(**kwargs) -> AutoscalingParams:
+    """The parameters as the app deploys them for replicas of SLOTS slots."""
+    return AutoscalingParams(**kwargs).for_slots(SLOTS)
 
 
 def signals(now_s=0.0, current=1, target=1, queued=0.0, running=0.0, waiting=0.0) -> Signals:

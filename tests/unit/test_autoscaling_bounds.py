@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from autoscaling.policy import AutoscalingParams, PolicyState, decide
-from tests.unit.autoscaling_helpers import Cluster, P, signals
+from tests.unit.autoscaling_helpers import Cluster, P, deployed, signals
 
 # -- bounds ----------------------------------------------------------------------------
 
@@ -22,19 +22,19 @@ from tests.unit.autoscaling_helpers import Cluster, P, signals
     "case, params, target, load, expected",
     [
         ("load wants more than max", P, 8, 10_000.0, 8),
-        ("idle at min stays at min", AutoscalingParams(min_replicas=2), 2, 0.0, 2),
-        ("target below min is raised at once", AutoscalingParams(min_replicas=2), 1, 0.0, 2),
-        ("target zero below min is raised at once", AutoscalingParams(min_replicas=2), 0, 0.0, 2),
+        ("idle at min stays at min", deployed(min_replicas=2), 2, 0.0, 2),
+        ("target below min is raised at once", deployed(min_replicas=2), 1, 0.0, 2),
+        ("target zero below min is raised at once", deployed(min_replicas=2), 0, 0.0, 2),
         (
             "target above max (max lowered) is cut at once",
-            AutoscalingParams(max_replicas=4),
+            deployed(max_replicas=4),
             6,
             0.0,
             4,
         ),
         (
             "target above max under load is cut at once",
-            AutoscalingParams(max_replicas=4),
+            deployed(max_replicas=4),
             6,
             500.0,
             4,
@@ -49,7 +49,7 @@ def test_bounds_apply_at_once(case, params, target, load, expected):
 @pytest.mark.parametrize("seed", range(5))
 def test_never_outside_bounds_under_random_load(seed):
     rng = random.Random(seed)
-    params = AutoscalingParams(
+    params = deployed(
         min_replicas=2,
         max_replicas=5,
         upscale_delay_s=2.0,
@@ -63,7 +63,7 @@ def test_never_outside_bounds_under_random_load(seed):
 
 # -- scale to and from zero ------------------------------------------------------------
 
-Z = AutoscalingParams(min_replicas=0, max_replicas=4, scale_to_zero_after_s=300.0)
+Z = deployed(min_replicas=0, max_replicas=4, scale_to_zero_after_s=300.0)
 
 
 @pytest.mark.parametrize(
@@ -117,23 +117,24 @@ def test_scale_to_zero_from_several_replicas_waits_for_the_idle_period():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, named",
     [
-        dict(min_replicas=3, max_replicas=2),
-        dict(min_replicas=-1),
-        dict(min_replicas=0, max_replicas=0),
-        dict(target_per_replica=0),
-        dict(target_per_replica=-1),
-        dict(downscale_headroom=0),
-        dict(downscale_headroom=1.01),
-        dict(upscale_delay_s=-1),
-        dict(downscale_delay_s=-0.5),
-        dict(replica_start_s=-1),
-        dict(scale_to_zero_after_s=-1),
+        (dict(min_replicas=3, max_replicas=2), "min_replicas 3 > max_replicas 2"),
+        (dict(min_replicas=-1), "min_replicas must be >= 0"),
+        (dict(min_replicas=0, max_replicas=0), "max_replicas must be >= 1"),
+        (dict(target_per_replica=0), "target_per_replica must be > 0"),
+        (dict(target_per_replica=-1), "target_per_replica must be > 0"),
+        (dict(downscale_headroom=0), "downscale_headroom must be > 0"),
+        (dict(downscale_headroom=1.01), "downscale_headroom must be <= 1"),
+        (dict(upscale_delay_s=-1), "upscale_delay_s must be >= 0"),
+        (dict(downscale_delay_s=-0.5), "downscale_delay_s must be >= 0"),
+        (dict(replica_start_s=-1), "replica_start_s must be >= 0"),
+        (dict(scale_to_zero_after_s=-1), "scale_to_zero_after_s must be > 0"),
+        (dict(scale_to_zero_after_s=0), "scale_to_zero_after_s must be > 0"),
     ],
 )
-def test_params_validation(kwargs):
-    with pytest.raises(ValueError):
+def test_params_validation(kwargs, named):
+    with pytest.raises(ValueError, match=named):
         AutoscalingParams(**kwargs)
 
 
@@ -148,6 +149,26 @@ def test_params_validation(kwargs):
 )
 def test_params_accepted(kwargs):
     AutoscalingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "target_per_replica, num_slots, expected",
+    [
+        (None, 16, 15.0),  # a spare slot covers the growth while a replica starts
+        (None, 64, 63.0),
+        (None, 1, 1.0),  # never zero
+        (4.0, 64, 4.0),  # given: kept
+    ],
+)
+def test_for_slots_sets_the_target(target_per_replica, num_slots, expected):
+    params = AutoscalingParams(target_per_replica=target_per_replica).for_slots(num_slots)
+    assert params.target_per_replica == expected
+    assert type(params) is AutoscalingParams
+
+
+def test_decide_needs_the_target_set():
+    with pytest.raises(ValueError, match="for_slots"):
+        decide(signals(0.0, queued=10), AutoscalingParams(), PolicyState())
 
 
 def test_decide_is_pure():

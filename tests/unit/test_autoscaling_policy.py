@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from autoscaling.policy import AutoscalingParams, PolicyState, decide, desired_for
-from tests.unit.autoscaling_helpers import Cluster, P, signals
+from autoscaling.policy import PolicyState, decide, desired_for
+from tests.unit.autoscaling_helpers import Cluster, P, deployed, signals
 
 
 def first_change_s(cluster: Cluster) -> float | None:
@@ -62,12 +62,12 @@ def test_load_is_queue_plus_engine_running_and_waiting():
         ("capped at max_replicas", P, 1000.0, 5.0, 8),
         (
             "zero delay upscales on the first sample",
-            AutoscalingParams(upscale_delay_s=0.0, max_replicas=8),
+            deployed(upscale_delay_s=0.0, max_replicas=8),
             40.0,
             0.0,
             3,
         ),
-        ("longer delay", AutoscalingParams(upscale_delay_s=30.0, max_replicas=8), 40.0, 30.0, 3),
+        ("longer delay", deployed(upscale_delay_s=30.0, max_replicas=8), 40.0, 30.0, 3),
         ("exactly at the target is not excess", P, 16.0, None, 1),
     ],
 )
@@ -179,7 +179,7 @@ def noisy_load(seed: int, base: float, noise: float, seconds: int) -> list[float
     return out
 
 
-NAIVE = AutoscalingParams(
+NAIVE = deployed(
     max_replicas=8,
     upscale_delay_s=0.0,
     downscale_delay_s=0.0,

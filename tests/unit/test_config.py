@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,62 @@ def test_health_probe_must_fit_inside_serves_health_check(probe_s, check_s, ok):
         AppConfig.model_validate(app_args(model))
 
 
+@pytest.mark.parametrize(
+    "block, values, loc, says",
+    [
+        ("autoscaling", {"max_replica": 3}, "max_replica", "Unexpected keyword argument"),
+        ("autoscaling", {"min_replicas": -1}, "min_replicas", "greater than or equal to 0"),
+        ("autoscaling", {"downscale_headroom": 1.5}, "downscale_headroom", "less than or equal"),
+        ("autoscaling", {"metrics_interval_s": 0}, "metrics_interval_s", "greater than 0"),
+        ("routing", {"waiting_wieght": 1}, "waiting_wieght", "Unexpected keyword argument"),
+        ("routing", {"kv_cache_weight": -1}, "kv_cache_weight", "greater than or equal to 0"),
+        ("routing", {"policy": "random"}, "policy", "Input should be"),
+        ("routing", {"stats_period_s": 0}, "stats_period_s", "greater than 0"),
+    ],
+)
+def test_policy_blocks_refuse_bad_keys_naming_them(block, values, loc, says):
+    # These blocks are the policies' own parameter classes (frozen dataclasses), not models:
+    # an unknown key is pydantic's "unexpected keyword argument" there, named the same way.
+    where = {"autoscaling": ("deployment", "autoscaling"), "routing": ("routing",)}[block]
+    model = {"name": "m", "source": "a/b"}
+    inner = model
+    for key in where[:-1]:
+        inner = inner.setdefault(key, {})
+    inner[where[-1]] = values
+    with pytest.raises(ValidationError) as ei:
+        AppConfig.model_validate(app_args(model))
+    err = ei.value.errors()[0]
+    assert err["loc"] == ("models", 0, *where, loc)
+    assert says in err["msg"]
+    assert ".".join(map(str, err["loc"])) in str(ei.value)  # what `serve run` prints
+
+
+def test_autoscaling_min_above_max_is_refused_naming_both():
+    with pytest.raises(ValidationError, match="min_replicas 3 > max_replicas 2"):
+        AppConfig.model_validate(
+            app_args(
+                {"name": "m", "source": "a/b", "deployment": {"autoscaling": {"min_replicas": 3}}}
+            )
+        )
+
+
+def test_policy_blocks_are_frozen_and_round_trip_through_a_dump():
+    model = {
+        "name": "m",
+        "source": "a/b",
+        "deployment": {"autoscaling": {"max_replicas": 4, "metrics_interval_s": 2}},
+        "routing": {"waiting_weight": 2},
+    }
+    cfg = AppConfig.model_validate(app_args(model))
+    m = cfg.models[0]
+    assert m.deployment.autoscaling.max_replicas == 4
+    assert m.deployment.autoscaling.metrics_interval_s == 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.deployment.autoscaling.max_replicas = 3
+    assert m.routing.waiting_weight == 2.0
+    assert AppConfig.model_validate(cfg.model_dump()) == cfg  # what the Router is given
+
+
 def test_http_max_n_must_be_positive():
     with pytest.raises(ValidationError):
         AppConfig.model_validate(app_args(http={"max_n": 0}))
@@ -288,24 +345,3 @@ def test_serve_config_yaml_proxy_timeout_is_above_every_deadline():
     cfg = AppConfig.model_validate(doc["applications"][0]["args"])
     longest_s = max(t.max_timeout_s for t in cfg.effective_tenants())
     assert doc["http_options"]["request_timeout_s"] >= longest_s + 30
-
-
-def test_autoscaling_defaults_are_the_policys_and_the_simulations():
-    """One truth: the config's autoscaling defaults are AutoscalingParams', and the simulation
-    that accepts them differs only in the cluster's size and its slots' target."""
-    import dataclasses
-
-    from autoscaling.policy import AutoscalingParams
-    from autoscaling.simulator import SIM_PARAMS
-    from serve_app.config import AutoscalingOptions
-
-    options, params = AutoscalingOptions(), AutoscalingParams()
-    for f in dataclasses.fields(AutoscalingParams):
-        if f.name != "target_per_replica":
-            assert getattr(options, f.name) == getattr(params, f.name), f.name
-    differ = {
-        f.name
-        for f in dataclasses.fields(AutoscalingParams)
-        if getattr(SIM_PARAMS, f.name) != getattr(params, f.name)
-    }
-    assert differ == {"max_replicas"}, differ  # 15 of 16 slots: the default target rule

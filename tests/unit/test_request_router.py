@@ -87,11 +87,22 @@ def test_replica_load(case, stats, in_flight, expected):
 
 
 def test_initialize_state_takes_the_kwargs_app_py_passes():
-    router = llm_router(
-        session_affinity=False,
-        weights={"waiting": 2.0, "kv_cache": 4.0, "max_affinity_score": 10.0},
+    from serve_app.app import request_router_config
+    from serve_app.config import ModelConfig
+
+    routing = {
+        "session_affinity": False,
+        "waiting_weight": 2.0,
+        "kv_cache_weight": 4.0,
+        "max_affinity_score": 10.0,
+        "stale_after_s": 2.0,
+    }
+    model = ModelConfig(name="m", source="simulated", routing=routing)
+    # Through Ray's own RequestRouterConfig: its kwargs must survive its JSON check.
+    router = llm_router(**request_router_config(model).request_router_kwargs)
+    assert router._weights == ScoreWeights(
+        waiting_weight=2.0, kv_cache_weight=4.0, max_affinity_score=10.0, stale_after_s=2.0
     )
-    assert router._weights == ScoreWeights(waiting=2.0, kv_cache=4.0, max_affinity_score=10.0)
     assert router._session_affinity is False
     defaults = object.__new__(LLMAwareRequestRouter)
     defaults.initialize_state()

@@ -65,7 +65,7 @@ def chosen_ids(loads, seeds=range(400), **kwargs) -> Counter:
         (
             "custom weights",
             load("a", 2, 4, 0.5),
-            ScoreWeights(waiting=2.0, kv_cache=10.0, in_flight=0.5),
+            ScoreWeights(waiting_weight=2.0, kv_cache_weight=10.0, in_flight_weight=0.5),
             1 + 8 + 5,
         ),
         (
@@ -77,7 +77,7 @@ def chosen_ids(loads, seeds=range(400), **kwargs) -> Counter:
         (
             "zero weights leave only in-flight",
             load("a", 3, 9, 1.0),
-            ScoreWeights(waiting=0.0, kv_cache=0.0),
+            ScoreWeights(waiting_weight=0.0, kv_cache_weight=0.0),
             3.0,
         ),
     ],

@@ -189,3 +189,11 @@ def test_cli_writes_json_and_png(tmp_path, capsys):
     assert [t["trace"] for t in report["traces"]] == ["daily"]
     assert report["params"]["target_per_replica"] == SIM_PARAMS.target_per_replica
     assert (tmp_path / "simulation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_simulation_runs_the_shipped_defaults():
+    """docs/autoscaling.md's claim: the defaults are what this simulation chose and accepts;
+    only the cluster's size is the trace's own, and the target is the default rule's for the
+    replica model's slots."""
+    shipped = AutoscalingParams().for_slots(ReplicaModel().slots)
+    assert replace(shipped, max_replicas=32) == SIM_PARAMS
