@@ -17,9 +17,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
+
+from bench.client import Reply, send
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,10 +130,7 @@ class Load:
         start = time.monotonic()
         try:
             async with asyncio.timeout(self.deadline_s + self.margin_s):
-                if stream:
-                    r = await self._stream(body, start)
-                else:
-                    r = await self._plain(body, start)
+                reply = await send(self._client, "/v1/completions", body)
         except TimeoutError:
             r = Result(
                 self.model,
@@ -141,74 +141,34 @@ class Load:
                 clean=False,
                 code="client_timeout",
             )
-        except httpx.HTTPError as e:
-            # A stream cut mid-body is "truncated"; anything else never got an answer.
-            outcome = "truncated" if isinstance(e, httpx.RemoteProtocolError) else "transport_error"
-            r = Result(
-                self.model,
-                stream,
-                start,
-                time.monotonic(),
-                outcome,
-                clean=False,
-                code=type(e).__name__,
-            )
+        else:
+            r = judge(self.model, stream, reply)
         self.results.append(r)
         return r
 
-    async def _plain(self, body: dict, start: float) -> Result:
-        resp = await self._client.post("/v1/completions", json=body)
-        end = time.monotonic()
-        replica = resp.headers.get("x-replica")
-        if resp.status_code == 200:
-            text = resp.json()["choices"][0]["text"]
-            if text:
-                return Result(self.model, False, start, end, "ok", 200, replica=replica)
-            return Result(self.model, False, start, end, "empty", 200, False, "empty", replica)
-        code, clean = _error_code(resp.content)
-        return Result(
-            self.model, False, start, end, "http_error", resp.status_code, clean, code, replica
-        )
 
-    async def _stream(self, body: dict, start: float) -> Result:
-        async with self._client.stream("POST", "/v1/completions", json=body) as resp:
-            replica = resp.headers.get("x-replica")
-            if resp.status_code != 200:
-                code, clean = _error_code(await resp.aread())
-                return Result(
-                    self.model,
-                    True,
-                    start,
-                    time.monotonic(),
-                    "http_error",
-                    resp.status_code,
-                    clean,
-                    code,
-                    replica,
-                )
-            event, error_code, done, finished = None, None, False, False
-            async for line in resp.aiter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                    elif event == "error":  # the Router's own mid-stream error
-                        error_code, _ = _error_code(data.encode())
-                    else:
-                        chunk = json.loads(data)
-                        if "error" in chunk:  # vLLM's: a data chunk, as the OpenAI SDK reads it
-                            error_code, _ = _error_code(data.encode())
-                        choices = chunk.get("choices") or [{}]
-                        finished = finished or choices[0].get("finish_reason") is not None
-                    event = None
-            end = time.monotonic()
-        if error_code is not None:
-            return Result(self.model, True, start, end, "sse_error", 200, done, error_code, replica)
-        if done and finished:
-            return Result(self.model, True, start, end, "ok", 200, replica=replica)
-        return Result(self.model, True, start, end, "truncated", 200, False, "no_done", replica)
+def judge(model: str, stream: bool, reply: Reply) -> Result:
+    """What became of a request that got an answer or a transport error (not a hang)."""
+    res = partial(Result, model, stream, reply.start_s, reply.end_s)
+    if reply.exc is not None:
+        # A stream cut mid-body is "truncated"; anything else never got an answer.
+        cut = isinstance(reply.exc, httpx.RemoteProtocolError)
+        return res(
+            "truncated" if cut else "transport_error", clean=False, code=type(reply.exc).__name__
+        )
+    if reply.status != 200:
+        code, clean = _error_code(reply.body)
+        return res("http_error", reply.status, clean, code, reply.replica)
+    if not stream:
+        if reply.text:
+            return res("ok", 200, replica=reply.replica)
+        return res("empty", 200, False, "empty", reply.replica)
+    if reply.sse_error is not None:
+        code, _ = _error_code(reply.sse_error.encode())
+        return res("sse_error", 200, reply.done, code, reply.replica)
+    if reply.done and reply.finish_reason is not None:
+        return res("ok", 200, replica=reply.replica)
+    return res("truncated", 200, False, "no_done", reply.replica)
 
 
 def _client_main(params: dict) -> None:

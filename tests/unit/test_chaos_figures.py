@@ -3,9 +3,11 @@ No Ray cluster: samples and results are made up here."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 
+import httpx
 import psutil
 import pytest
 
@@ -140,24 +142,59 @@ def test_the_engine_and_its_worker_are_named_under_their_replica_whatever_their_
     ],
 )
 def test_a_stream_is_judged_as_an_openai_client_reads_it(body, outcome, clean):
-    import asyncio
+    r = _judged(True, lambda request: httpx.Response(200, content=body, headers=REPLICA))
+    assert (r.outcome, r.clean, r.replica) == (outcome, clean, "r1"), r
 
-    import httpx
 
+REPLICA = {"x-replica": "r1"}
+
+
+def _judged(stream: bool, reply) -> Result:
+    """One request of a chaos Load, answered by `reply(request)`."""
     from chaos.load import Load
 
-    transport = httpx.MockTransport(
-        lambda request: httpx.Response(200, content=body, headers={"x-replica": "r1"})
-    )
     load = Load("http://test", "m", num_clients=1, max_tokens=4, deadline_s=5)
 
     async def one():
+        transport = httpx.MockTransport(reply)
         async with httpx.AsyncClient(base_url="http://test", transport=transport) as c:
             load._client = c
-            return await load._stream({"stream": True}, start=0.0)
+            return await load.one(stream=stream)
 
-    r = asyncio.run(one())
-    assert (r.outcome, r.clean) == (outcome, clean), r
+    return asyncio.run(one())
+
+
+@pytest.mark.parametrize(
+    "status, body, outcome, clean, code",
+    [
+        (200, b'{"choices":[{"text":"a","finish_reason":"length"}]}', "ok", True, ""),
+        (200, b'{"choices":[{"text":"","finish_reason":"length"}]}', "empty", False, "empty"),
+        (
+            503,
+            b'{"error":{"message":"busy","code":"queue_full"}}',
+            "http_error",
+            True,
+            "queue_full",
+        ),
+        (502, b"Bad Gateway", "http_error", False, "Bad Gateway"),
+    ],
+)
+def test_a_whole_answer_is_judged_by_its_status_and_text(status, body, outcome, clean, code):
+    r = _judged(False, lambda request: httpx.Response(status, content=body, headers=REPLICA))
+    assert (r.outcome, r.clean, r.code, r.status, r.replica) == (outcome, clean, code, status, "r1")
+    assert r.start_s <= r.end_s
+
+
+@pytest.mark.parametrize(
+    "error, outcome",
+    [(httpx.RemoteProtocolError, "truncated"), (httpx.ConnectError, "transport_error")],
+)
+def test_a_transport_error_is_a_truncation_or_no_answer(error, outcome):
+    def fail(request):
+        raise error("gone", request=request)
+
+    r = _judged(True, fail)
+    assert (r.outcome, r.clean, r.code, r.status) == (outcome, False, error.__name__, None)
 
 
 def test_a_fault_lasts_until_the_killed_process_is_gone():
