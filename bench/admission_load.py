@@ -8,8 +8,8 @@ is what sheds the load, then:
 3. prints, per load level, goodput (requests/s whose TTFT met `--ttft-target-s`), p50/p99 TTFT of
    admitted requests, and the share rejected (429/503) at the door.
 
-    .venv/bin/python bench/admission_load.py            # real engine, ~3 minutes
-    .venv/bin/python bench/admission_load.py --sim      # simulated engine, policy only
+    .venv/bin/python -m bench.admission_load            # real engine, ~3 minutes
+    .venv/bin/python -m bench.admission_load --sim      # simulated engine, policy only
 
 Writes bench/results/admission_load.json. A benchmark, not a test: it asserts nothing.
 """
@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from bench.client import send
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_KEY = "sk-bench-unlimited-0001"
@@ -62,7 +64,6 @@ def app_args(config_path: Path, sim: bool, max_queue_wait_s: float) -> tuple[dic
 
 
 async def one(client: httpx.AsyncClient, model: str, max_tokens: int, i: int) -> Result:
-    t0 = time.monotonic()
     body = {
         "model": model,
         "prompt": f"Request {i}: tell a story.",
@@ -70,19 +71,10 @@ async def one(client: httpx.AsyncClient, model: str, max_tokens: int, i: int) ->
         "ignore_eos": True,
         "stream": True,
     }
-    headers = {"Authorization": f"Bearer {BENCH_KEY}"}
-    try:
-        async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
-            if r.status_code != 200:
-                await r.aread()
-                return Result(r.status_code, None, time.monotonic() - t0)
-            ttft = None
-            async for line in r.aiter_lines():
-                if ttft is None and line.startswith('data: {"id"'):
-                    ttft = time.monotonic() - t0
-            return Result(200, ttft, time.monotonic() - t0)
-    except httpx.HTTPError:
-        return Result(0, None, time.monotonic() - t0)
+    r = await send(
+        client, "/v1/completions", body, headers={"Authorization": f"Bearer {BENCH_KEY}"}
+    )
+    return Result(r.status, r.first_chunk_s if r.status == 200 else None, r.latency_s)
 
 
 async def capacity_rps(client, model: str, concurrency: int, max_tokens: int, secs: float):

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from bench.client import send
 from bench.peers import machine, systems
 from bench.peers.__main__ import start
 from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
@@ -106,39 +107,18 @@ async def chat(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    t0 = time.monotonic()
-    ttft, answer, usage, status, replica, route = None, [], {}, 0, "", ""
-    try:
-        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
-            status = r.status_code
-            replica, route = r.headers.get("x-replica", ""), r.headers.get("x-route", "")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for ch in chunk.get("choices") or []:
-                    piece = (ch.get("delta") or {}).get("content")
-                    if piece:
-                        if ttft is None:
-                            ttft = time.monotonic() - t0
-                        answer.append(piece)
-    except httpx.HTTPError:
-        status = 0
-    details = usage.get("prompt_tokens_details") or {}
+    r = await send(c, "/v1/chat/completions", body)
+    # A Turn is the Reply's figures that the report reads, and where in the workload it was.
+    figures = {k: getattr(r, k) for k in ("start_s", "end_s", "status", "ttft_s")}
     turn = Turn(
-        start_s=t0,
-        end_s=time.monotonic(),
-        status=status,
-        ttft_s=ttft,
-        prompt_tokens=usage.get("prompt_tokens", 0),
-        cached_tokens=details.get("cached_tokens") or 0,
-        replica=replica,
-        route=route,
+        **figures,
+        prompt_tokens=r.prompt_tokens,
+        cached_tokens=r.cached_tokens,
+        replica=r.replica or "",
+        route=r.route or "",
         **tag,
     )
-    return turn, "".join(answer)
+    return turn, r.text
 
 
 async def multi_turn(base_url: str, model: str, a: argparse.Namespace) -> list[Turn]:

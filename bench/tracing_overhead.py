@@ -5,7 +5,7 @@ path, not the model, dominates), and the load alternates between them round by r
 out drift on a noisy machine. Prints requests/s and client-side TTFT p50 for each and their
 ratio. Metrics and the access log are on in both: only span export differs.
 
-    .venv/bin/python bench/tracing_overhead.py [--rounds 3 --round-s 10 --concurrency 16]
+    .venv/bin/python -m bench.tracing_overhead [--rounds 3 --round-s 10 --concurrency 16]
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from bench.client import send
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,18 +46,10 @@ async def closed_loop(url: str, concurrency: int, secs: float) -> tuple[int, lis
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
 
         async def client(k: int):
+            body = {"model": "sim", "prompt": "x", "max_tokens": 16, "stream": True}
             while time.monotonic() < stop:
-                t0 = time.monotonic()
-                async with c.stream(
-                    "POST",
-                    "/v1/completions",
-                    json={"model": "sim", "prompt": "x", "max_tokens": 16, "stream": True},
-                ) as r:
-                    first = None
-                    async for line in r.aiter_lines():
-                        if first is None and line.startswith('data: {"id"'):
-                            first = time.monotonic() - t0
-                    ttfts.append(first)
+                r = await send(c, "/v1/completions", body, record_errors=False)
+                ttfts.append(r.first_chunk_s)
 
         await asyncio.gather(*(client(k) for k in range(concurrency)))
     return len(ttfts), ttfts
