@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from bench.client import send
 from tests.integration.conftest import (
     CALL_TIMEOUT_S,
     CAPACITY,
@@ -48,13 +49,8 @@ def router_access_log(prefix: str, timeout_s: float = 90.0, want: int = 1) -> li
 async def _flood_one(client, tenant: str | None, i: int, delay_s: float):
     await asyncio.sleep(delay_s)
     headers = {**(auth(tenant) if tenant else {}), "x-request-id": f"{FLOOD_ID}-{i}"}
-    t0 = time.monotonic()
-    r = await client.post(
-        "/v1/completions",
-        headers=headers,
-        json={"model": DEFAULT, "prompt": f"Item {i}:", "max_tokens": 8, "ignore_eos": True},
-    )
-    return tenant, r, time.monotonic() - t0
+    body = {"model": DEFAULT, "prompt": f"Item {i}:", "max_tokens": 8, "ignore_eos": True}
+    return tenant, await send(client, "/v1/completions", body, headers=headers, record_errors=False)
 
 
 def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
@@ -80,14 +76,15 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
 
     results = asyncio.run(flood())
     by_status: dict[int, list[float]] = {}
-    for _tenant, r, elapsed in results:
-        by_status.setdefault(r.status_code, []).append(elapsed)
-        if r.status_code == 200:
-            assert r.json()["usage"]["completion_tokens"] == 8
+    for _tenant, r in results:
+        by_status.setdefault(r.status, []).append(r.latency_s)
+        if r.status == 200:
+            assert r.completion_tokens == 8
         else:
-            assert r.status_code in (429, 503), (r.status_code, r.text)
-            assert int(r.headers["Retry-After"]) >= 1
-            assert r.json()["error"]["code"] in ("rate_limit_exceeded", "queue_full", "queue_wait")
+            assert r.status in (429, 503), (r.status, r.body)
+            assert int(r.retry_after) >= 1
+            error = json.loads(r.body)["error"]
+            assert error["code"] in ("rate_limit_exceeded", "queue_full", "queue_wait")
     rejected = by_status.get(429, []) + by_status.get(503, [])
     rej_med, served_med = statistics.median(rejected), statistics.median(by_status.get(200, [0]))
     print(
@@ -152,25 +149,16 @@ def test_queue_depth_and_rejections_reach_prometheus_export(serve_app):
 
 
 async def _ttft(client, tenant: str, i: int, max_tokens: int) -> float:
-    t0 = time.monotonic()
-    async with client.stream(
-        "POST",
-        "/v1/completions",
-        headers=auth(tenant),
-        json={
-            "model": DEFAULT,
-            "prompt": f"Task {i}:",
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-        },
-    ) as r:
-        assert r.status_code == 200, await r.aread()
-        ttft = None
-        async for line in r.aiter_lines():
-            if ttft is None and line.startswith("data: {"):
-                ttft = time.monotonic() - t0
-        return ttft
+    body = {
+        "model": DEFAULT,
+        "prompt": f"Task {i}:",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    r = await send(client, "/v1/completions", body, headers=auth(tenant), record_errors=False)
+    assert r.status == 200, r.body
+    return r.first_chunk_s
 
 
 def test_interactive_first_token_beats_batch_under_saturation(base_url):

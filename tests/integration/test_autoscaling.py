@@ -10,6 +10,7 @@ import httpx
 import pytest
 from ray import serve
 
+from bench.client import send
 from serve_app.app import build_app
 from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, TINY
 
@@ -85,16 +86,14 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
                 up, now = state["scaled_up_at"], time.monotonic()
                 if (up and now > up + 15) or now - t0 > ENGINE_READY_S:
                     return
-                r = await c.post(
-                    "/v1/completions",
-                    json={
-                        "model": NAME,
-                        "prompt": f"Load {k}-{i}",
-                        "max_tokens": 64,
-                        "ignore_eos": True,
-                    },
-                )
-                results.append(r.status_code)
+                body = {
+                    "model": NAME,
+                    "prompt": f"Load {k}-{i}",
+                    "max_tokens": 64,
+                    "ignore_eos": True,
+                }
+                r = await send(c, "/v1/completions", body, record_errors=False)
+                results.append(r.status)
                 i += 1
 
         watcher = asyncio.create_task(watch())
@@ -104,10 +103,9 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
             # Idle now: wait for the way back down, probing lightly to see nothing fails.
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and _running() != 1:
-                r = await c.post(
-                    "/v1/completions", json={"model": NAME, "prompt": "probe", "max_tokens": 4}
-                )
-                results.append(r.status_code)
+                body = {"model": NAME, "prompt": "probe", "max_tokens": 4}
+                r = await send(c, "/v1/completions", body, record_errors=False)
+                results.append(r.status)
                 await asyncio.sleep(2)
         state["stop"] = True
         await watcher

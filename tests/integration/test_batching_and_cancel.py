@@ -8,25 +8,24 @@ import time
 
 import httpx
 
+from bench.client import send
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, engine_stats
 
 NUM_TOKENS = 64
 
 
 async def _one(client: httpx.AsyncClient, i: int) -> int:
-    r = await client.post(
-        "/v1/completions",
-        json={
-            "model": DEFAULT,
-            "prompt": f"Story number {i}:",
-            "max_tokens": NUM_TOKENS,
-            "temperature": 0.8,
-            "seed": i,
-            "ignore_eos": True,
-        },
-    )
-    r.raise_for_status()
-    return r.json()["usage"]["completion_tokens"]
+    body = {
+        "model": DEFAULT,
+        "prompt": f"Story number {i}:",
+        "max_tokens": NUM_TOKENS,
+        "temperature": 0.8,
+        "seed": i,
+        "ignore_eos": True,
+    }
+    r = await send(client, "/v1/completions", body, record_errors=False)
+    assert r.status == 200, r.body
+    return r.completion_tokens
 
 
 async def _timed(base_url: str, concurrency: int) -> float:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from ray import serve
 
+from bench.client import send
 from serve_app.app import build_app
 from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 
@@ -111,26 +112,13 @@ async def _request(
     timeout_s: float = CALL_TIMEOUT_S,
     model: str = NAME,
 ):
-    t0 = time.monotonic()
-    try:
-        r = await c.post(
-            "/v1/completions",
-            timeout=timeout_s,
-            json={
-                "model": model,
-                "prompt": f"Request {i}",
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-            },
-        )
-        status, replica = r.status_code, r.headers.get("x-replica")
-    except httpx.HTTPError as e:
-        status, replica = type(e).__name__, None
+    body = {"model": model, "prompt": f"Request {i}", "max_tokens": max_tokens, "ignore_eos": True}
+    r = await send(c, "/v1/completions", body, timeout=timeout_s)
     return {
-        "status": status,
-        "replica": replica,
-        "start": t0,
-        "end": time.monotonic(),
+        "status": type(r.exc).__name__ if r.exc else r.status,
+        "replica": r.replica,
+        "start": r.start_s,
+        "end": r.end_s,
         "long": max_tokens > 4,
     }
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.client import send
 from tests.integration.conftest import (
     DEFAULT,
     KEYS,
@@ -244,20 +245,17 @@ FLOOD_SCRIPT = (
     r"""
 import asyncio, json, sys, time
 import httpx
+from bench.client import send
 
 url, key, seconds, workers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 statuses = {}
 
 async def worker(c, end):
     while time.monotonic() < end:
-        try:
-            r = await c.post("/v1/completions", json={"model": "%s", "prompt": "flood",
-                                                       "max_tokens": 8})
-            s = str(r.status_code)
-            if r.status_code == 429:
-                assert int(r.headers["Retry-After"]) >= 1
-        except httpx.HTTPError as e:
-            s = type(e).__name__
+        r = await send(c, "/v1/completions", {"model": "%s", "prompt": "flood", "max_tokens": 8})
+        s = type(r.exc).__name__ if r.exc else str(r.status)
+        if r.status == 429:
+            assert int(r.retry_after) >= 1
         statuses[s] = statuses.get(s, 0) + 1
 
 async def main():
@@ -282,14 +280,11 @@ async def _victim(base_url: str, seconds: float, min_requests: int) -> list[floa
     async with httpx.AsyncClient(base_url=base_url, timeout=400, headers=auth("interactive")) as c:
         end = time.monotonic() + seconds
         while time.monotonic() < end or len(latencies) < min_requests:
-            t0 = time.monotonic()
-            r = await c.post(
-                "/v1/completions",
-                json={"model": TINY, "prompt": "Hello there", "max_tokens": 8, "ignore_eos": True},
-            )
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] == 8
-            latencies.append(time.monotonic() - t0)
+            body = {"model": TINY, "prompt": "Hello there", "max_tokens": 8, "ignore_eos": True}
+            r = await send(c, "/v1/completions", body, record_errors=False)
+            assert r.status == 200, r.body
+            assert r.completion_tokens == 8
+            latencies.append(r.latency_s)
     return latencies
 
 
