@@ -30,6 +30,7 @@ import httpx
 import yaml
 
 from bench.client import send
+from bench.private_ray import private_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_KEY = "sk-bench-unlimited-0001"
@@ -129,20 +130,11 @@ def summarize(multiple: float, rate: float, results: list[Result], secs: float, 
 
 
 async def run(args) -> dict:
-    import ray
-    from ray import serve
-
-    from serve_app.app import build_app
-
     app_config, model, concurrency = app_args(args.config, args.sim, args.max_queue_wait_s)
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(build_app(app_config), name="bench", route_prefix="/")
     limits = httpx.Limits(max_connections=2000)
-    try:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{args.port}", timeout=300, limits=limits
-        ) as client:
+    with private_ray(args.port, num_cpus=8) as ray_app:
+        ray_app.deploy(app_config, name="bench")
+        async with httpx.AsyncClient(base_url=ray_app.url, timeout=300, limits=limits) as client:
             await capacity_rps(client, model, 4, args.max_tokens, 5)  # warm-up
             cap = await capacity_rps(client, model, concurrency, args.max_tokens, args.duration_s)
             print(
@@ -161,9 +153,6 @@ async def run(args) -> dict:
                 )
                 print(rows[-1])
                 await asyncio.sleep(5)  # let the queue drain between levels
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     return {"capacity_rps": cap, "concurrency": concurrency, "rows": rows}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.private_ray import private_ray
 from bench.relay_load import KEY, LIMITED_KEY, Counter, _burst, _load
 from bench.relay_report import render
 
@@ -99,83 +101,74 @@ def _app_args(rate: float, extra: dict) -> dict:
 
 
 def run_one(args) -> dict:
-    if not os.environ.get("BENCH_SERVE_DEFAULTS"):
-        try:  # the platform's own Ray environment, where the tree has one
-            from serve_app import ray_env
+    with private_ray(
+        PORT,
+        num_cpus=16,
+        # The platform's own Ray environment, where the tree has one.
+        platform_env=not os.environ.get("BENCH_SERVE_DEFAULTS")
+        and importlib.util.find_spec("serve_app.ray_env") is not None,
+        env=json.loads(args.env),  # a variant's own settings win
+    ) as ray_app:
+        ray_app.deploy(_app_args(args.rate, json.loads(args.extra)), name="relay")
+        return _measure(args)
 
-            ray_env.apply(PORT + 1)
-        except ImportError:
-            pass
-    os.environ.update(json.loads(args.env))  # a variant's own settings win
-    import ray
-    from ray import serve
 
-    from serve_app.app import build_app
-
-    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    serve.run(
-        build_app(_app_args(args.rate, json.loads(args.extra))), name="relay", route_prefix="/"
-    )
+def _measure(args) -> dict:
     # Without HAProxy, direct ingress serves on the Router replica's own port.
     port = int(os.environ.get("BENCH_CLIENT_PORT", PORT))
     results = []
-    try:
-        for streams in args.streams:
-            counter = Counter()
-            t0 = time.monotonic()
-            end_s = t0 + args.seconds
+    for streams in args.streams:
+        counter = Counter()
+        t0 = time.monotonic()
+        end_s = t0 + args.seconds
 
-            async def measure(streams=streams, end_s=end_s, counter=counter):
-                load = asyncio.ensure_future(_load(port, streams, args.max_tokens, end_s, counter))
-                await asyncio.sleep(args.seconds / 4)
-                c0, n0, w0 = _cpu_by_role(), counter.tokens, time.monotonic()
-                await asyncio.sleep(args.seconds / 2)
-                c1, n1, w1 = _cpu_by_role(), counter.tokens, time.monotonic()
-                await load
-                return c0, c1, n1 - n0, w1 - w0
+        async def measure(streams=streams, end_s=end_s, counter=counter):
+            load = asyncio.ensure_future(_load(port, streams, args.max_tokens, end_s, counter))
+            await asyncio.sleep(args.seconds / 4)
+            c0, n0, w0 = _cpu_by_role(), counter.tokens, time.monotonic()
+            await asyncio.sleep(args.seconds / 2)
+            c1, n1, w1 = _cpu_by_role(), counter.tokens, time.monotonic()
+            await load
+            return c0, c1, n1 - n0, w1 - w0
 
-            c0, c1, tokens, window_s = asyncio.run(measure())
-            tokens = max(tokens, 1)
-            ms = {r: round(1000 * (c1[r] - c0[r]) / tokens, 4) for r in ROLES}
-            ttft = sorted(counter.ttft_s)
-            results.append(
-                {
-                    "streams": streams,
-                    "offered_tokens_per_s": round(streams * args.rate),
-                    "delivered_tokens_per_s": round(tokens / window_s),
-                    "cpu_ms_per_token": ms,
-                    "cpu_ms_per_token_path": round(
-                        sum(ms[r] for r in ("proxy", "router", "replica")), 4
-                    ),
-                    "cpu_ms_per_token_all": round(sum(ms.values()), 4),
-                    "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1) if ttft else None,
-                    "requests": counter.requests,
-                    "errors": counter.errors,
-                }
-            )
-            print(json.dumps(results[-1]), file=sys.stderr)
-        refusals = None
-        if args.refusals:
-            asyncio.run(asyncio.sleep(6))  # the limited tenant's bucket full again
-            c0 = _cpu_by_role()
-            latencies, statuses = asyncio.run(_burst(port, args.refusals))
-            c1 = _cpu_by_role()
-            num_refused = sum(v for k, v in statuses.items() if k in (429, 503))
-            ms = {r: round(1000 * (c1[r] - c0[r]) / max(1, args.refusals), 3) for r in ROLES}
-            refusals = {
-                "sent": args.refusals,
-                "statuses": statuses,
-                "refused": num_refused,
-                "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
-                "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
-                "cpu_ms_per_request": ms,
-                "cpu_ms_per_request_path": round(sum(ms[r] for r in ("proxy", "router")), 3),
+        c0, c1, tokens, window_s = asyncio.run(measure())
+        tokens = max(tokens, 1)
+        ms = {r: round(1000 * (c1[r] - c0[r]) / tokens, 4) for r in ROLES}
+        ttft = sorted(counter.ttft_s)
+        results.append(
+            {
+                "streams": streams,
+                "offered_tokens_per_s": round(streams * args.rate),
+                "delivered_tokens_per_s": round(tokens / window_s),
+                "cpu_ms_per_token": ms,
+                "cpu_ms_per_token_path": round(
+                    sum(ms[r] for r in ("proxy", "router", "replica")), 4
+                ),
+                "cpu_ms_per_token_all": round(sum(ms.values()), 4),
+                "ttft_p50_ms": round(1000 * ttft[len(ttft) // 2], 1) if ttft else None,
+                "requests": counter.requests,
+                "errors": counter.errors,
             }
-            print(json.dumps(refusals), file=sys.stderr)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        )
+        print(json.dumps(results[-1]), file=sys.stderr)
+    refusals = None
+    if args.refusals:
+        asyncio.run(asyncio.sleep(6))  # the limited tenant's bucket full again
+        c0 = _cpu_by_role()
+        latencies, statuses = asyncio.run(_burst(port, args.refusals))
+        c1 = _cpu_by_role()
+        num_refused = sum(v for k, v in statuses.items() if k in (429, 503))
+        ms = {r: round(1000 * (c1[r] - c0[r]) / max(1, args.refusals), 3) for r in ROLES}
+        refusals = {
+            "sent": args.refusals,
+            "statuses": statuses,
+            "refused": num_refused,
+            "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+            "p99_ms": round(1000 * latencies[int(0.99 * (len(latencies) - 1))], 1),
+            "cpu_ms_per_request": ms,
+            "cpu_ms_per_request_path": round(sum(ms[r] for r in ("proxy", "router")), 3),
+        }
+        print(json.dumps(refusals), file=sys.stderr)
     return {"runs": results, "refusals": refusals}
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from bench.client import send
+from bench.private_ray import private_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,32 +64,21 @@ def main() -> None:
     p.add_argument("--port", type=int, default=18600)
     args = p.parse_args()
 
-    import ray
-    from ray import serve
-
-    from serve_app.app import build_app
-
     spans = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(build_app(app_args("none", spans)), name="untraced", route_prefix="/untraced")
-    serve.run(build_app(app_args("file", spans)), name="traced", route_prefix="/traced")
-    base = f"http://127.0.0.1:{args.port}"
     totals = {"untraced": [0, 0.0, []], "traced": [0, 0.0, []]}
-    try:
+    with private_ray(args.port, num_cpus=8) as ray_app:
+        ray_app.deploy(app_args("none", spans), name="untraced", route_prefix="/untraced")
+        ray_app.deploy(app_args("file", spans), name="traced", route_prefix="/traced")
         for name in totals:  # warm-up
-            asyncio.run(closed_loop(f"{base}/{name}", args.concurrency, 2))
+            asyncio.run(closed_loop(f"{ray_app.url}/{name}", args.concurrency, 2))
         for _ in range(args.rounds):
             for name in totals:
                 n, ttfts = asyncio.run(
-                    closed_loop(f"{base}/{name}", args.concurrency, args.round_s)
+                    closed_loop(f"{ray_app.url}/{name}", args.concurrency, args.round_s)
                 )
                 totals[name][0] += n
                 totals[name][1] += args.round_s
                 totals[name][2] += ttfts
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     rows = {
         name: {"requests_per_s": n / secs, "ttft_p50_ms": statistics.median(t) * 1000}
         for name, (n, secs, t) in totals.items()

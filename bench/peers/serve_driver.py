@@ -7,22 +7,22 @@ The harness runs every system in a child process, so that nothing here meets a R
 calling process may hold (pytest's integration session starts one in-process), and so that
 stopping a system is stopping a process tree. `address="local"` starts a new Ray instance even
 when another one runs on this machine; its own temp dir keeps `session_latest` and socket names
-apart from other users' clusters. SIGTERM or SIGINT: serve.shutdown(), then ray.shutdown(),
-which ends the raylet, the GCS and every worker this Ray instance started, then an end to any
-of its processes that outlived that (see `reap`).
+apart from other users' clusters (bench/private_ray.py starts it). SIGTERM or SIGINT:
+serve.shutdown(), then ray.shutdown(), which ends the raylet, the GCS and every worker this Ray
+instance started, then an end to any of its processes that outlived that
+(`bench.private_ray.reap`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+from bench.private_ray import private_ray
 
 RAY_NUM_CPUS = 8  # logical: replicas must schedule on a 2-core machine (see DESIGN.md)
 
@@ -77,71 +77,32 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
 
-    if args.system == "llmserve":  # the platform's own Ray environment (serve_app/ray_env.py)
-        from serve_app import ray_env
-
-        ray_env.apply(args.port + 1)
-    import ray
-    from ray import serve
-
     t0 = time.monotonic()
-    ray.init(
-        address="local",
-        num_cpus=RAY_NUM_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=args.ray_temp_dir,
-    )
-    # ray.init installs a SIGTERM handler that logs and kills the process on the spot, which
-    # would skip serve.shutdown() below; ours again.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _interrupt)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-        serve.run(APPS[args.system](spec), name=args.system, route_prefix="/")
-        print(f"serve_driver: {args.system} deployed in {time.monotonic() - t0:.1f} s", flush=True)
-        while True:
-            time.sleep(1)
+        with private_ray(
+            args.port,
+            num_cpus=RAY_NUM_CPUS,
+            platform_env=args.system == "llmserve",  # serve_app/ray_env.py: the platform's only
+            new_instance=True,
+            temp_dir=args.ray_temp_dir,
+            # ray.init installs a SIGTERM handler that logs and kills the process on the spot,
+            # which would skip serve.shutdown(); ours again.
+            interrupt=_interrupt,
+            reap_leftovers=True,
+        ):
+            from ray import serve
+
+            try:
+                serve.run(APPS[args.system](spec), name=args.system, route_prefix="/")
+                took_s = time.monotonic() - t0
+                print(f"serve_driver: {args.system} deployed in {took_s:.1f} s", flush=True)
+                while True:
+                    time.sleep(1)
+            finally:
+                print("serve_driver: shutting down", flush=True)
     except KeyboardInterrupt:
         pass
-    finally:
-        print("serve_driver: shutting down", flush=True)
-        tree = psutil.Process().children(recursive=True)
-        try:
-            serve.shutdown()
-        finally:
-            tree += psutil.Process().children(recursive=True)
-            ray.shutdown()
-            reap(tree)
-        print("serve_driver: stopped", flush=True)
-
-
-def reap(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
-    """Ends what outlived ray.shutdown(). Ray's dashboard and runtime-env agents notice that
-    their raylet is gone, then may hang for a long time trying to report it to the GCS, which is
-    gone too; they have nothing left to do."""
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    if alive:
-        print(
-            "serve_driver: ending processes that outlived ray.shutdown(): "
-            + ", ".join(f"{p.pid}:{_name(p)}" for p in alive),
-            flush=True,
-        )
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
-
-
-def _name(p: psutil.Process) -> str:
-    try:
-        return p.name()
-    except psutil.NoSuchProcess:
-        return "?"
+    print("serve_driver: stopped", flush=True)
 
 
 if __name__ == "__main__":
