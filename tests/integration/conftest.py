@@ -278,22 +278,17 @@ def otlp():
 @pytest.fixture(scope="session")
 def serve_cluster():
     """Starts Ray and Serve's proxy once; yields the base URL. Apps come from their modules."""
-    import ray  # in the platform's Ray environment: tests/conftest.py
-    from ray import serve
+    from bench.private_ray import private_ray
 
-    ray.init(
+    # The platform's Ray environment is in place since tests/conftest.py, before any test
+    # module imported Ray; private_ray applies the same again.
+    with private_ray(
+        PORT,
         num_cpus=8,
-        include_dashboard=False,
-        log_to_driver=False,
-        _metrics_export_port=METRICS_PORT,
-        _system_config={"metrics_report_interval_ms": 1000},
-    )
-    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-    try:
-        yield f"http://127.0.0.1:{PORT}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        metrics_export_port=METRICS_PORT,
+        system_config={"metrics_report_interval_ms": 1000},
+    ) as cluster:
+        yield cluster.url
 
 
 @pytest.fixture(scope="session")
