@@ -177,6 +177,8 @@ def _measure(args) -> dict:
 
 def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
     # This file as a script, the tree's own code on the path: a base commit need not have it.
+    # `bench` is a namespace package: a module the tree lacks (private_ray, relay_load) comes
+    # from the installed checkout.
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
