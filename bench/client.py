@@ -8,9 +8,10 @@ clean / sse_error / hang outcomes, a test's assertions) stays with the caller.
         r.status, r.ttft_s, r.completion_tokens, r.sse_error, r.done
 
 Timing is time.monotonic(), from just before the request is sent: `first_chunk_s` to the first
-chunk the model produced (vllm.benchmarks.serve's TTFT: a chat stream's first chunk carries
-only the role), `ttft_s` to the first one carrying text. A transport error (`httpx.HTTPError`)
-is recorded in `exc`, with `status` 0, unless the caller asks for it to be raised.
+stream chunk that is not an error (a completions stream's first token; a chat stream's first
+chunk carries only the role), `ttft_s` to the first one carrying text. A transport error
+(`httpx.HTTPError`) is recorded in `exc`, with `status` 0, unless the caller asks for it to be
+raised. A 200 whose answer or stream chunk is not JSON raises: a server bug to see, not a record.
 
 What does not use it, and why:
 - `bench/relay_load.py`: raw sockets, the cheapest client, so that the machine's cores go to
@@ -25,8 +26,10 @@ What does not use it, and why:
   test_tracing.py, test_handles.py, test_api_fuzzing.py), streams compared chunk by chunk
   (test_vllm_parity.py), every header of a reply (helpers.send_at_once: `x-ratelimit-*`,
   `x-llmserve-tenant`, `x-max-tokens-clamped`), malformed bodies (test_hostile_input.py);
-- one-off synchronous calls (the tests' `http` fixture, readiness probes, bench/ask_models.py
-  through the OpenAI SDK): a single request whose whole response the caller inspects.
+- synchronous calls one at a time (the tests' `http` fixture and `httpx.post`, e.g.
+  test_prefix_routing.py's turns; readiness probes; bench/ask_models.py and
+  test_openai_api.py through the OpenAI SDK): a request whose whole response the caller
+  inspects, not load. (test_engine_priority.py calls the engine's ASGI app in-process.)
 """
 
 from __future__ import annotations
