@@ -39,7 +39,7 @@ def tiny_model(path: Path, num_replicas: int = 2, **deployment) -> dict:
         "name": TINY,
         "source": str(path),
         "engine": {
-            "dtype": "bfloat16",
+            "dtype": "auto",
             "enforce_eager": True,
             "max_model_len": 1024,
             "max_num_seqs": 16,

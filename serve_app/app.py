@@ -103,7 +103,7 @@ def check_engine_flags(models: list[ModelConfig]) -> None:
     checked = [m for m in models if m.source != "simulated" and (m.engine.extra or m.server.extra)]
     if not checked:
         return
-    argvs = [vllm_args.launch(m, m.source).argv for m in checked]
+    argvs = [vllm_args.launch(m, m.source, native_bf16=True).argv for m in checked]
     path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
     try:
         run = subprocess.run(

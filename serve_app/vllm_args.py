@@ -40,12 +40,25 @@ def flags(kwargs: dict[str, Any]) -> list[str]:
     return argv
 
 
-def launch(model: ModelConfig, model_path: str, local_rank: int = 0) -> VllmLaunch:
-    """`local_rank`: the replica's rank among this model's replicas on its node, which picks
-    its entry of `engine.cpu_cores_by_replica`."""
+def engine_kwargs(model: ModelConfig, native_bf16: bool) -> dict[str, Any]:
+    """The model's engine args for this host. `dtype: auto` is vLLM's (the model's own dtype)
+    except on a CPU replica whose CPU lacks native bf16 (`native_bf16`, serve_app/host.py),
+    which computes a bf16 model about 6x slower than float32: there it is float32."""
+    kwargs = model.engine.engine_kwargs()
+    if kwargs.get("dtype") == "auto" and model.deployment.num_gpus == 0 and not native_bf16:
+        kwargs["dtype"] = "float32"
+    return kwargs
+
+
+def launch(
+    model: ModelConfig, model_path: str, native_bf16: bool, local_rank: int = 0
+) -> VllmLaunch:
+    """`native_bf16`: whether the replica's CPU computes bf16 natively (engine_kwargs);
+    `local_rank`: the replica's rank among this model's replicas on its node, which picks its
+    entry of `engine.cpu_cores_by_replica`."""
     engine = model.engine
     argv = ["--model", model_path, "--served-model-name", model.name]
-    argv += flags(engine.engine_kwargs())
+    argv += flags(engine_kwargs(model, native_bf16))
     argv += flags(model.server.server_kwargs())
     env = {}
     if engine.cpu_kv_cache_space_gib is not None:

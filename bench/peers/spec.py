@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from serve_app import host, vllm_args
 from serve_app.admission_config import AdmissionConfig
 from serve_app.config import DEFAULT_MODEL_NAME, AppConfig, ModelConfig
 
@@ -181,7 +182,8 @@ def resolve_model(
     if model_dir is None:
         cache = AppConfig.model_validate(args).cache_dir()
         model_dir = Path(model_source.resolve(cfg, cache))
-    engine_args = cfg.engine.engine_kwargs()
+    # As a replica on this host would run it (`dtype: auto` is float32 on a CPU without bf16).
+    engine_args = vllm_args.engine_kwargs(cfg, host.cpu_has_native_bf16())
     if max_model_len is not None:
         engine_args["max_model_len"] = max_model_len
     return Model(

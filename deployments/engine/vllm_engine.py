@@ -37,7 +37,7 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.engine import request_usage
 from deployments.engine.kv_events import KVEventSubscriber
-from serve_app import vllm_args
+from serve_app import host, vllm_args
 from serve_app.config import ModelConfig
 from serve_app.policies.prefix_cache import HASH_ALGOS
 from serve_app.replica_call import FORWARDED_PATHS, CachedBlocks, EngineStats
@@ -129,7 +129,9 @@ class VLLMEngine:
         self._cached: CachedBlocks | None = None
 
     async def start(self) -> None:
-        launch = vllm_args.launch(self._model, self._model_path, self._local_rank)
+        launch = vllm_args.launch(
+            self._model, self._model_path, host.cpu_has_native_bf16(), self._local_rank
+        )
         # Read by vLLM's CPU worker when it sizes its KV cache and pins its threads.
         os.environ.update(launch.env)
         argv = launch.argv

@@ -156,7 +156,7 @@ SHIPPED_ADMISSION = {
 
 
 def app_args(model_dirs: dict[str, Path]) -> dict:
-    engine = {"dtype": "bfloat16", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
+    engine = {"dtype": "auto", "enforce_eager": True, "cpu_kv_cache_space_gib": 1}
     # Other modules load this host far past what a replica sees in service; a probe that gave up
     # after the default 20 s restarted idle engines mid-session (minutes each, failing others).
     health = {"probe_timeout_s": 120}

@@ -28,7 +28,7 @@ def autoscale_app(model_dirs) -> dict:
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
                 "engine": {
-                    "dtype": "bfloat16",
+                    "dtype": "auto",
                     "enforce_eager": True,
                     "max_model_len": 512,
                     "max_num_seqs": 8,

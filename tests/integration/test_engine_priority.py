@@ -27,7 +27,7 @@ async def _scenario(model_dir, policy: str) -> dict[str, float]:
         name=TINY,
         source=str(model_dir),
         engine=EngineConfig(
-            dtype="bfloat16",
+            dtype="auto",
             enforce_eager=True,
             max_model_len=512,
             max_num_seqs=4,

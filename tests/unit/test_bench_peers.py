@@ -13,6 +13,7 @@ from bench.peers import report, scenarios
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
 from bench.peers.systems import System, port_is_free
+from serve_app import host, vllm_args
 from serve_app.config import DEFAULT_MODEL_NAME, AppConfig
 
 CONFIG = ROOT / "serve_config.yaml"
@@ -44,8 +45,10 @@ def test_every_system_gets_the_config_default_models_engine_args(tmp_path):
     model = _model(tmp_path)
     models = AppConfig.model_validate(_config_args()).models
     raw = next(m for m in models if m.name == DEFAULT_MODEL_NAME)
-    assert model.engine_args == {**raw.engine.engine_kwargs(), "max_model_len": 512}
-    assert model.engine_args["dtype"] == "bfloat16" and model.engine_args["enforce_eager"]
+    # As a replica on this host runs it: `dtype: auto` resolved for this CPU (vllm_args).
+    host_args = vllm_args.engine_kwargs(raw, host.cpu_has_native_bf16())
+    assert model.engine_args == {**host_args, "max_model_len": 512}
+    assert model.engine_args["dtype"] in ("auto", "float32") and model.engine_args["enforce_eager"]
     assert model.kv_cache_space_gib == raw.engine.cpu_kv_cache_space_gib
 
 
@@ -56,7 +59,7 @@ def test_platform_serves_only_the_default_model_with_unthrottled_bench_tenants(t
     assert [m.name for m in cfg.models] == ["m"]
     m = cfg.models[0]
     assert m.source == str(tmp_path.resolve()) and m.quantize is None
-    assert m.engine.engine_kwargs() == model.engine_args
+    assert vllm_args.engine_kwargs(m, host.cpu_has_native_bf16()) == model.engine_args
     bench = {t.name: t for t in cfg.tenants if t.name.startswith("bench-")}
     assert {t.priority for t in bench.values()} == {"standard", "interactive", "batch", "sweep"}
     for t in bench.values():

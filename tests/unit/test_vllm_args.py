@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app.config import ModelConfig
-from serve_app.vllm_args import flags, launch
+from serve_app.vllm_args import engine_kwargs, flags, launch
 
 
 def model(**kw) -> ModelConfig:
@@ -27,7 +27,7 @@ def test_engine_args_and_server_flags_become_vllm_serve_flags():
         server={"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
         max_tokens_default=64,
     )
-    run = launch(m, "/models/m")
+    run = launch(m, "/models/m", native_bf16=True)
     argv = run.argv
     assert argv[:4] == ["--model", "/models/m", "--served-model-name", "m"]
     pairs = dict(zip(argv, argv[1:]))
@@ -53,9 +53,25 @@ def test_engine_args_and_server_flags_become_vllm_serve_flags():
     ],
 )
 def test_each_replica_pins_its_engine_to_its_own_cores(cores, local_rank, expected):
-    run = launch(model(engine={"cpu_cores_by_replica": cores}), "/p", local_rank)
+    run = launch(model(engine={"cpu_cores_by_replica": cores}), "/p", True, local_rank)
     assert run.env.get("VLLM_CPU_OMP_THREADS_BIND") == expected
     assert "cpu_cores_by_replica" not in " ".join(run.argv)  # an env var, not a flag
+
+
+@pytest.mark.parametrize(
+    "dtype, num_gpus, native_bf16, expected",
+    [
+        ("auto", 0, False, "float32"),  # a CPU that emulates bf16: float32 computes ~6x faster
+        ("auto", 0, True, "auto"),  # a CPU with AVX-512 BF16 / AMX: the model's own dtype
+        ("auto", 1, False, "auto"),  # a GPU replica: the host CPU does not compute
+        ("bfloat16", 0, False, "bfloat16"),  # asked for: as asked
+    ],
+)
+def test_auto_dtype_is_float32_on_a_cpu_without_bf16(dtype, num_gpus, native_bf16, expected):
+    m = model(engine={"dtype": dtype}, deployment={"num_gpus": num_gpus})
+    assert engine_kwargs(m, native_bf16)["dtype"] == expected
+    argv = launch(m, "/p", native_bf16).argv
+    assert argv[argv.index("--dtype") + 1] == expected
 
 
 @pytest.mark.parametrize("cores", [[], ["a"], ["0-"], ["0|1"], [""]])
@@ -71,7 +87,7 @@ def test_auto_tool_choice_needs_a_parser():
 
 def test_server_extra_may_not_repeat_a_typed_flag():
     with pytest.raises(ValueError, match="repeats"):
-        launch(model(server={"response_role": "bot", "extra": {"response_role": "x"}}), "/p")
+        launch(model(server={"response_role": "bot", "extra": {"response_role": "x"}}), "/p", True)
 
 
 def test_flags_table():
