@@ -35,8 +35,9 @@ from bench.peers import machine, systems
 from bench.peers.__main__ import start
 from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
 from bench.prefix_routing_report import Turn, markdown, summary
+from serve_app import host, vllm_args
 from serve_app.policies.memory_plan import kv_bytes_per_token, kv_dtype_bytes
-from serve_app.policies.weights import ModelShape, load_hf_config
+from serve_app.policies.weights import ModelShape, dtype_bytes_for, load_hf_config
 
 RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
@@ -59,10 +60,11 @@ def text(rng: random.Random, num_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(num_words))
 
 
-def kv_cache_bytes(model_dir: Path, num_tokens: int) -> int:
-    """What `num_tokens` of the model's bf16 KV cache take (the memory planner's arithmetic)."""
+def kv_cache_bytes(model_dir: Path, dtype: str, num_tokens: int) -> int:
+    """What `num_tokens` of the model's KV cache take in `dtype` (the memory planner's
+    arithmetic)."""
     shape = ModelShape.from_hf_config(load_hf_config(model_dir))
-    return num_tokens * kv_bytes_per_token(shape, kv_dtype_bytes("auto"))
+    return num_tokens * kv_bytes_per_token(shape, kv_dtype_bytes("auto", dtype_bytes_for(dtype)))
 
 
 class Platform2(systems.Platform):
@@ -178,7 +180,7 @@ def _client(base_url: str) -> httpx.AsyncClient:
 def run_router(name: str, port: int, model: Model, a, work_dir: Path) -> dict[str, Any]:
     routing, replicas, kv_units = ROUTERS[name]
     kv_tokens = kv_units * a.kv_cache_tokens
-    kv_bytes = kv_cache_bytes(model.path, kv_tokens)
+    kv_bytes = kv_cache_bytes(model.path, model.engine_args["dtype"], kv_tokens)
     system = Platform2(routing, replicas, kv_bytes, a.replica_cores, model, port, work_dir, CONFIG)
     entry: dict[str, Any] = {
         "routing": routing,
@@ -273,7 +275,11 @@ def main() -> None:
 
     cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
     path = Path(model_source.resolve(cfg, cache, progress=True))
-    engine_args = {"max_model_len": a.max_model_len}
+    # As a replica on this host runs it (`dtype: auto` resolved for this CPU).
+    engine_args = {
+        **vllm_args.engine_kwargs(cfg, host.cpu_has_native_bf16()),
+        "max_model_len": a.max_model_len,
+    }
     model = Model(cfg.name, path, engine_args, cfg.engine.cpu_kv_cache_space_gib)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     work_dir = Path("/tmp/llmserve-prefix-routing") / stamp

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from serve_app import model_source
+from serve_app import host, model_source
 from serve_app.config import AppConfig, EngineConfig
 from serve_app.policies import memory_plan as mp
 from serve_app.policies import weights
@@ -71,9 +71,12 @@ def _plan_one(name: str, hf_path: Path, configured_engine: EngineConfig | None, 
     shape = weights.ModelShape.from_hf_config(hf)
     kv_dtype = args.kv_cache_dtype or engine.kv_cache_dtype
     group = args.group_size or weights.group_size_of(hf)
+    dtype = engine.dtype
+    if args.device_memory is None and dtype == "auto" and not host.cpu_has_native_bf16():
+        dtype = "float32"  # as a replica on this CPU runs it (serve_app/vllm_args.py)
     common = dict(
         kv_cache_dtype=kv_dtype,
-        dtype_bytes=weights.dtype_bytes_for(engine.dtype),
+        dtype_bytes=weights.dtype_bytes_for(dtype),
         context_len=args.context_len,
     )
     user_block = args.block_size or engine.extra.get("block_size")

@@ -159,6 +159,21 @@ def test_cli_plans_an_hf_config_on_a_gpu(tmp_path, capsys):
     assert table["int4"][1] == "3.62"  # 3,889,307,648 / 2^30
 
 
+@pytest.fixture(autouse=True)
+def native_bf16_cpu(monkeypatch):
+    """CPU plans follow this host's `dtype: auto` (float32 where bf16 is emulated): the tables
+    below are a bf16 host's, whatever host runs them."""
+    monkeypatch.setattr("serve_app.host.cpu_has_native_bf16", lambda: True)
+
+
+def test_cpu_plan_on_a_cpu_that_emulates_bf16_is_float32(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("serve_app.host.cpu_has_native_bf16", lambda: False)
+    cfg = write_model(tmp_path / "m", SMOLLM2_135M)
+    assert cli.main(["plan", "--hf-config", str(cfg), "--cpu-kv-space", "2GiB"]) == 0
+    fp16 = rows(capsys.readouterr().out)["fp16"]
+    assert fp16[1] == "0.50" and fp16[3] == "364"  # twice the bf16 bytes: half the blocks
+
+
 def test_cli_plans_configured_models_and_marks_their_scheme(tmp_path, capsys):
     folder = write_model(tmp_path / "smol", SMOLLM2_135M)
     config = write_serve_config(
