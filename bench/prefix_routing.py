@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from bench import summary as readme_summary
 from bench.client import send
 from bench.peers import machine, systems
 from bench.peers.__main__ import start
@@ -238,15 +239,16 @@ _WARM = {"scenario": "warm", "session": -1, "turn": 0}
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # Sized so that the conversations (~3,200 tokens each by the last turn, ~50,000 in all) fit
+    # Sized so that the conversations (~1,900 tokens each by the last turn, ~15,000 in all) fit
     # in the pair's KV caches but not in one replica's: as on GPUs, cache space is what a
     # router must not waste (a replica holding every history evicts them before their next turn).
-    p.add_argument("--sessions", type=int, default=16)
-    p.add_argument("--turns", type=int, default=6)
+    # The think time keeps a 2-core host's pair of engines busy, not minutes behind.
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system-words", type=int, default=780)
-    p.add_argument("--user-words", type=int, default=250)
+    p.add_argument("--user-words", type=int, default=150)
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--kv-cache-tokens", type=int, default=32768, help="per replica")
+    p.add_argument("--kv-cache-tokens", type=int, default=8192, help="per replica")
     p.add_argument(
         "--replica-cores",
         nargs="+",
@@ -254,7 +256,7 @@ def main() -> None:
         "every engine's worker on the same core, so every router gets the same compute)",
     )
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--think-s", type=float, default=1.0)
+    p.add_argument("--think-s", type=float, default=4.0)
     p.add_argument("--stagger-s", type=float, default=0.5)
     p.add_argument("--hot-words", type=int, default=1100)
     p.add_argument("--hot-requests", type=int, default=48)
@@ -300,6 +302,8 @@ def main() -> None:
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / "prefix_routing.json").write_text(json.dumps(doc, indent=1))
     (a.out_dir / "prefix_routing.md").write_text(markdown(doc))
+    if a.out_dir.resolve() == RESULTS.resolve():
+        readme_summary.update_readme()  # the README's figures, from these results
     print(markdown(doc))
 
 

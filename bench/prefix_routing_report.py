@@ -108,13 +108,25 @@ def _setup_note(doc: dict[str, Any]) -> str:
     )
 
 
+def command(workload: dict[str, Any]) -> str:
+    """The command that runs this workload, every flag spelled out (defaults move; a result
+    file must say what it measured)."""
+    flags = []
+    for key, value in workload.items():
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        flags.append(f"--{key.replace('_', '-')} " + " ".join(str(v) for v in values))
+    return " ".join(["python -m bench.prefix_routing", *flags])
+
+
 def markdown(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     lines = [
         "# Prefix-aware routing (bench/prefix_routing.py)",
         "",
         f"Commit {doc['commit']}, {doc['date']}, {doc['machine']}. Default model, "
-        f"{doc['routers']['prefix-aware']['replicas']} replicas; `python -m bench.prefix_routing`.",
+        f"{doc['routers']['prefix-aware']['replicas']} replicas; `{command(w)}`.",
         "",
         f"Chat: {w['sessions']} sessions at once, {w['turns']} turns each, a shared system prompt "
         f"of {w['system_words']} words (~{w['system_words'] * 13 // 10} tokens), "

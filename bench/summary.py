@@ -2,10 +2,10 @@
 
     .venv/bin/python -m bench.summary     # rewrites the block between the README's markers
 
-Reads bench/results/relay_cost.json (bench.relay_cost) and peers_latest.json (make bench); each
-figure carries the commit, date and machine of the run that measured it. bench.relay_cost and
-bench.peers call it after writing their results, so the README never holds a figure typed by
-hand.
+Reads bench/results/relay_cost.json (bench.relay_cost), peers_latest.json (make bench) and
+prefix_routing.json (bench.prefix_routing); each figure carries the commit, date and machine of
+the run that measured it. Each of those benchmarks calls it after writing its results to
+bench/results, so the README never holds a figure typed by hand.
 """
 
 from __future__ import annotations
@@ -86,9 +86,56 @@ def _peers(doc: dict) -> list[str]:
     return lines
 
 
+def _prefix(doc: dict) -> list[str]:
+    label = {
+        "prefix-aware": "llm_aware, prefix-aware",
+        "p2c": "llm_aware, load only (P2C)",
+        "ray-prefix-affinity": "Ray's PrefixCacheAffinityRouter",
+        "one-replica": "one replica (the ideal hit rate)",
+    }
+    routers = doc["routers"]
+    ideal = (routers.get("one-replica", {}).get("chat") or {}).get("hit_rate")
+    lines = [
+        f"Prefix-aware routing, multi-turn chat on 2 replicas of the default model "
+        f"(`python -m bench.prefix_routing`; commit {doc['commit']}, {doc['date']}, "
+        f"{doc['machine']}; bench/results/prefix_routing.md):",
+        "",
+        "| router | prefix-cache hit rate (of ideal) | TTFT p50 / p99 ms | requests per replica |",
+        "|---|---|---|---|",
+    ]
+    for name, run in routers.items():
+        chat = run.get("chat")
+        if not chat:
+            continue
+        of_ideal = f" ({chat['hit_rate'] / ideal:.0%})" if ideal else ""
+        lines.append(
+            f"| {label.get(name, name)} | {chat['hit_rate']:.1%}{of_ideal} | "
+            f"{chat['ttft_p50_ms']:.0f} / {chat['ttft_p99_ms']:.0f} | "
+            f"{chat['requests_by_replica']} |"
+        )
+    hot = [
+        f"{label.get(name, name)} {run['hot']['requests_by_replica']} "
+        f"(TTFT p99 {run['hot']['ttft_p99_ms']:.0f} ms)"
+        for name, run in routers.items()
+        if run.get("hot")
+    ]
+    if hot:
+        w = doc["workload"]
+        lines += [
+            "",
+            f"Hot prefix ({w['hot_requests']} requests, {w['hot_concurrency']} at once, one "
+            "shared prompt), requests per replica: " + "; ".join(hot) + ".",
+        ]
+    return lines
+
+
 def render() -> str:
     parts = []
-    for name, fn in (("relay_cost.json", _relay), ("peers_latest.json", _peers)):
+    for name, fn in (
+        ("relay_cost.json", _relay),
+        ("peers_latest.json", _peers),
+        ("prefix_routing.json", _prefix),
+    ):
         path = RESULTS / name
         if path.exists():
             parts.append("\n".join(fn(json.loads(path.read_text()))))

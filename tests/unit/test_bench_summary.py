@@ -1,0 +1,31 @@
+"""The README's figures are the benchmarks' results files, rendered: none typed by hand."""
+
+from __future__ import annotations
+
+import json
+
+from bench import summary
+from bench.prefix_routing_report import command
+
+
+def test_readme_block_is_the_rendered_results():
+    text = summary.README.read_text()
+    block = text.split(summary.BEGIN, 1)[1].split(summary.END, 1)[0]
+    assert block.strip() == summary.render().strip()
+
+
+def test_prefix_rows_come_from_the_results_file():
+    doc = json.loads((summary.RESULTS / "prefix_routing.json").read_text())
+    lines = summary._prefix(doc)
+    table = [line for line in lines if line.startswith("| ") and "%" in line]
+    assert len(table) == sum(1 for run in doc["routers"].values() if run.get("chat"))
+    chat = doc["routers"]["prefix-aware"]["chat"]
+    assert f"{chat['hit_rate']:.1%}" in table[0]
+    assert f"{chat['ttft_p50_ms']:.0f} / {chat['ttft_p99_ms']:.0f}" in table[0]
+
+
+def test_a_result_names_the_command_that_reproduces_it():
+    workload = {"sessions": 8, "think_s": 4.0, "replica_cores": ["0", "1"], "routers": None}
+    assert command(workload) == (
+        "python -m bench.prefix_routing --sessions 8 --think-s 4.0 --replica-cores 0 1"
+    )
