@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
+import threading
 import time
 
 import httpx
 
 from bench.client import send
-from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, engine_stats
+from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, MAX_NUM_SEQS, engine_stats
 
 NUM_TOKENS = 64
 
@@ -38,18 +38,33 @@ async def _timed(base_url: str, concurrency: int) -> float:
 
 
 def test_sixteen_concurrent_requests_batch(base_url):
+    """16 requests at once through HAProxy, the Router and the replica run in the engine
+    together: the engine's own scheduler reports max_num_seqs of them running at once. Checked
+    on the engine's count, not on wall time: on this shared 2-core host a timed ratio measured
+    the neighbours (one CI run: 4.3x the time of one request alone, 13.5x beside other
+    modules' load), and a serving path that let one request through at a time shows 1 here."""
     asyncio.run(_timed(base_url, 1))  # warm-up
-    # The median of three: one sample caught in a stall of this shared host skews the ratio.
-    singles = [asyncio.run(_timed(base_url, 1)) for _ in range(3)]
-    t1 = statistics.median(singles)
-    t16 = asyncio.run(_timed(base_url, 16))
-    ratio = t16 / t1
+    t1 = asyncio.run(_timed(base_url, 1))
+    running: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            running.append(engine_stats(DEFAULT).num_running)
+            done.wait(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        t16 = asyncio.run(_timed(base_url, 16))  # every request served, 64 tokens each
+    finally:
+        done.set()
+        sampler.join(timeout=CALL_TIMEOUT_S)
     print(
-        f"\none request {t1:.2f} s (median of {[round(t, 2) for t in singles]}), "
-        f"16 concurrent {t16:.2f} s: {ratio:.1f}x the time for "
-        f"16x the work ({16 / ratio:.1f}x throughput)"
+        f"\none request {t1:.2f} s, 16 concurrent {t16:.2f} s ({16 * t1 / t16:.1f}x the "
+        f"throughput); engine running at once: max {max(running)}, samples {len(running)}"
     )
-    assert ratio < 6, "16 concurrent requests should take far less than 16x one request"
+    assert max(running) == MAX_NUM_SEQS, running
 
 
 def test_disconnect_mid_stream_aborts_engine_request(base_url, http):
