@@ -96,12 +96,12 @@ def _prefix(doc: dict) -> list[str]:
     routers = doc["routers"]
     ideal = (routers.get("one-replica", {}).get("chat") or {}).get("hit_rate")
     cores = doc["workload"].get("replica_cores")
-    run = "python -m bench.prefix_routing"
+    how = "python -m bench.prefix_routing"
     if cores:
-        run += " --replica-cores " + " ".join(cores)
+        how += " --replica-cores " + " ".join(cores)
     lines = [
-        f"Prefix-aware routing, multi-turn chat on 2 replicas of the default model "
-        f"(`{run}`; commit {doc['commit']}, {doc['date']}, "
+        f"Prefix-aware routing, multi-turn chat on {routers['prefix-aware']['replicas']} "
+        f"replicas of the default model (`{how}`; commit {doc['commit']}, {doc['date']}, "
         f"{doc['machine']}; bench/results/prefix_routing.md):",
         "",
         "| router | prefix-cache hit rate (of ideal) | TTFT p50 / p99 ms | requests per replica |",
