@@ -64,10 +64,13 @@ def _peers(doc: dict) -> list[str]:
             (r for r in systems[name].get("sweep") or [] if r["concurrency"] == concurrency), {}
         )
 
+    machine = doc.get("machine") or {}
+    dtype = ((doc.get("model") or {}).get("engine_args") or {}).get("dtype", "?")
     lines = [
         f"Against the peers on the real default model (`make bench`; git "
-        f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}), one after the other "
-        "on this machine:",
+        f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}, "
+        f"{machine.get('cpu_model', '?')}, {machine.get('logical_cpus', '?')} logical CPUs, "
+        f"engine dtype {dtype}), one after the other on that machine:",
         "",
         "| | " + " | ".join(label[n] for n in names) + " |",
         "|---|" + "---|" * len(names),
