@@ -59,8 +59,10 @@ def _build_tiny_llama(out: Path, tokenizer_dir: Path) -> None:
 # probe, replacements took 30 min to start, and the CI ran out of time).
 SELF_CONTAINED = ("test_exposure.py", "test_bench_smoke.py", "test_chaos.py")
 # Modules with engines of their own on the session's Ray, run before the shared apps start: the
-# idle shared apps (three engines, two apps' Routers) hold ~115% of one of the two cores, which
-# made these modules' engines start and serve about half as fast.
+# idle shared apps (three engines, two apps' Routers) held ~115% of one of the two cores, which
+# made these modules' engines start and serve about half as fast. (Since the health checks went
+# to every 30 s: 53-58% of a core, measured on the AVX2 host; Serve's controller 7.5, the
+# dashboard agent 5, each vLLM worker 3.5-5, each Router 3.5-4.)
 OWN_ENGINES = (
     "test_memory_plan.py",
     "test_routing.py",
