@@ -7,6 +7,7 @@ hashes from the model's tokenizer), and asks the pure policy in serve_app/polici
 for a replica. Each decision is counted by reason and noted for the Router (route_notes.py):
 the trace span and the debug header say why.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
+Both note each change of the running replica set for the Router's admission (replica_counts.py).
 Ray's base class does the rest: FIFO order, retries with backoff, dropping dead replicas.
 """
 
@@ -29,7 +30,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from deployments import route_notes
+from deployments import replica_counts, route_notes
 from serve_app.policies.prefix_cache import PrefixIndex, block_keys
 from serve_app.policies.replica_ledger import InFlight, Sessions
 from serve_app.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
@@ -59,7 +60,14 @@ def _avoided_replica(pending_request: PendingRequest | None) -> str | None:
     return getattr(args[0], "avoid_replica_id", None) if args else None
 
 
-class LLMAwareRequestRouter(FIFOMixin, RequestRouter):
+class _CountsReplicas(RequestRouter):
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        d = self._deployment_id
+        replica_counts.note(d.app_name, d.name, len(replicas))
+
+
+class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
     def initialize_state(self, **kwargs) -> None:
         self._weights = ScoreWeights.from_dict(kwargs.get("weights", {}))
         self._session_affinity = kwargs.get("session_affinity", True)
@@ -233,7 +241,7 @@ def _decision_counter() -> Any:
         return False
 
 
-class RoundRobinRequestRouter(FIFOMixin, RequestRouter):
+class RoundRobinRequestRouter(FIFOMixin, _CountsReplicas):
     """Baseline: each replica in turn, whatever its load."""
 
     def initialize_state(self, **kwargs) -> None:

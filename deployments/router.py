@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from deployments import replica_counts
 from deployments.admission_gate import Gate, Ticket
 from deployments.dispatch import Dispatcher
 from deployments.http_app import http_app, read_body, with_early_refusal
@@ -118,8 +119,9 @@ class Router:
 
     async def _housekeeping(self) -> None:
         """Expire queued requests and enforce deadlines every tick; follow each model's live
-        replica count. The count comes from the Serve controller, which can stall for many
-        seconds: it is asked in a task of its own, so that no tick ever waits for it."""
+        replica count (deployments/replica_counts.py). Where the count must be asked of the Serve
+        controller, which can stall for many seconds, it is asked in a task of its own, so that
+        no tick ever waits for it."""
         last_refresh = 0.0
         refresh: asyncio.Task | None = None
         while True:
@@ -151,17 +153,21 @@ class Router:
                 del self._dispatched[entry_id]
 
     async def _refresh_replicas(self) -> None:
-        try:
-            app_name = serve.get_replica_context().app_name
-            status = await asyncio.wait_for(asyncio.to_thread(serve.status), REFRESH_TIMEOUT_S)
-            deployments = status.applications[app_name].deployments
-        except Exception as e:  # controller busy or restarting: keep the last known counts
-            logger.debug("replica refresh failed: %r", e)
-            return
-        for model, name in self._deployment_names.items():
-            d = deployments.get(name)
-            if d is not None:
-                self._gate.set_live_replicas(model, d.replica_states.get("RUNNING", 0))
+        app_name = serve.get_replica_context().app_name
+        known, unknown = replica_counts.split(app_name, self._deployment_names)
+        if unknown:  # no request yet through these models' handles: ask the controller
+            try:
+                status = await asyncio.wait_for(asyncio.to_thread(serve.status), REFRESH_TIMEOUT_S)
+                deployments = status.applications[app_name].deployments
+            except Exception as e:  # controller busy or restarting: keep the last known counts
+                logger.debug("replica refresh failed: %r", e)
+                deployments = {}
+            for model in unknown:
+                d = deployments.get(self._deployment_names[model])
+                if d is not None:
+                    known[model] = d.replica_states.get("RUNNING", 0)
+        for model, n in known.items():
+            self._gate.set_live_replicas(model, n)
 
     # ------------------------------------------------------------------------------ HTTP routes
 

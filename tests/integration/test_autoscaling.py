@@ -1,5 +1,6 @@
 """Queue-driven autoscaling on the real stack: 1 -> 2 replicas under load, back to 1 after it,
-with no failed request during either change (a replica being removed drains first)."""
+with no failed request during either change (a replica being removed drains first), and the
+Router's admission following the count (its /healthz capacity: max_ongoing_requests a replica)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ray import serve
 
 from bench.client import send
 from serve_app.app import build_app
-from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, TINY
+from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, KEYS, TINY
 
 PREFIX = "/autoscale"
 NAME = "tiny-auto"
@@ -53,7 +54,10 @@ def autoscale_app(model_dirs) -> dict:
             }
         ],
         "admission": {"max_queue_wait_s": 180, "anonymous_tenant": "anonymous"},
-        "tenants": [{"name": "anonymous", "default_timeout_s": 300}],
+        "tenants": [
+            {"name": "anonymous", "default_timeout_s": 300},
+            {"name": "operator", "api_keys": [KEYS["interactive"]]},  # sees /healthz per model
+        ],
     }
 
 
@@ -62,10 +66,18 @@ def _running() -> int:
     return d.replica_states.get("RUNNING", 0)
 
 
+def _capacity(url: str) -> int:
+    """How many requests the Router admits to the model's replicas at once."""
+    auth = {"Authorization": f"Bearer {KEYS['interactive']}"}
+    health = httpx.get(f"{url}/healthz", headers=auth, timeout=30).json()
+    return health["models"][NAME]["capacity"]
+
+
 def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_dirs):
     serve.run(build_app(autoscale_app(model_dirs)), name="autoscale", route_prefix=PREFIX)
     url = f"{serve_cluster}{PREFIX}"
     timeline: list[tuple[float, int]] = []
+    capacities: list[tuple[int, int]] = []  # (running replicas, the Router's capacity)
     results: list[int] = []
 
     async def scenario():
@@ -76,6 +88,7 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
             while not state["stop"]:
                 n = await asyncio.to_thread(_running)
                 timeline.append((time.monotonic() - t0, n))
+                capacities.append((n, await asyncio.to_thread(_capacity, url)))
                 if n == 2 and state["scaled_up_at"] is None:
                     state["scaled_up_at"] = time.monotonic()
                 await asyncio.sleep(1)
@@ -121,5 +134,12 @@ def test_load_scales_one_to_two_and_back_without_failures(serve_cluster, model_d
         assert max(n for _, n in timeline) == 2, "never scaled up"
         assert timeline[-1][1] == 1 or _running() == 1, "never scaled back down"
         assert set(results) == {200}, "a request failed during scaling"
+        # Admission follows the running count within a few seconds each way (8 per replica).
+        print(f"(running, capacity) seen: {sorted(set(capacities))}")
+        assert (2, 16) in capacities, "the Router never admitted for two replicas"
+        deadline = time.monotonic() + 10
+        while (last := _capacity(url)) != 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert last == 8, "the Router still admits for two replicas after the scale-in"
     finally:
         serve.delete("autoscale")

@@ -11,8 +11,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from ray.serve._private.common import DeploymentID
+
 from deployments.request_router import LLMAwareRequestRouter, RoundRobinRequestRouter
 from serve_app.replica_call import RoutingStats
+
+DEPLOYMENT_ID = DeploymentID(name="llm-small", app_name="app")
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,14 @@ def request(session_id: str = "", request_id: str | None = None) -> SimpleNamesp
 
 def llm_router(**kwargs) -> LLMAwareRequestRouter:
     router = object.__new__(LLMAwareRequestRouter)
+    router._deployment_id = DEPLOYMENT_ID  # as RequestRouter.__init__ would
     router.initialize_state(**{"seed": 0, **kwargs})
     return router
 
 
 def round_robin() -> RoundRobinRequestRouter:
     router = object.__new__(RoundRobinRequestRouter)
+    router._deployment_id = DEPLOYMENT_ID
     router.initialize_state()
     return router
 

@@ -15,7 +15,7 @@ from deployments import route_notes  # noqa: E402
 from deployments.request_router import LLMAwareRequestRouter  # noqa: E402
 from serve_app.policies.prefix_cache import block_keys  # noqa: E402
 from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats  # noqa: E402
-from tests.unit.router_helpers import FakeReplica  # noqa: E402
+from tests.unit.router_helpers import FakeReplica, llm_router  # noqa: E402
 
 BLOCK = 4
 
@@ -31,8 +31,7 @@ class Tokens:
 
 
 def router(**kwargs) -> LLMAwareRequestRouter:
-    r = object.__new__(LLMAwareRequestRouter)
-    r.initialize_state(seed=0, model="m", prefix={"model_dir": "/nowhere"}, **kwargs)
+    r = llm_router(model="m", prefix={"model_dir": "/nowhere"}, **kwargs)
     r._tokens = Tokens()
     r._decisions = False  # no Ray metrics here
     return r
