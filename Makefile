@@ -71,9 +71,11 @@ unit: install prometheus
 integration: install prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-# This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine (about 20
-# minutes on 2 cores); results in bench/results/peers_latest.{json,md,*.png}. Stop `make serve`
-# first: the systems need the cores to themselves.
+# This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine, then two
+# more rounds of the 16- and 64-stream sweep in alternating order, whose median ratio the README
+# gives (about an hour on 2 cores); results in bench/results/peers_latest.{json,md,*.png}. Stop
+# `make serve` first: the systems need the cores to themselves.
+BENCH_ARGS ?= --rounds 3
 bench: install
 	$(BIN)/python -m bench.peers --full $(BENCH_ARGS)
 

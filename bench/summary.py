@@ -86,6 +86,23 @@ def _peers(doc: dict) -> list[str]:
         lines.append(f"| output tokens/s at {c} streams | " + " | ".join(cells) + " |")
     cells = [f"{at(n, 1).get('ttft_p50_ms', '-')}" for n in names]
     lines.append("| TTFT p50 at 1 stream (ms) | " + " | ".join(cells) + " |")
+    across = doc.get("across_rounds")
+    if across:
+        levels = list(across["levels"])
+
+        def median(n: str, c: str) -> str:
+            q = (across["levels"][c].get(n) or {}).get("median_ratio")
+            return "-" if q is None else f"x{q:.2f}"
+
+        medians = [
+            f"{label[n]} {' / '.join(median(n, c) for c in levels)}" for n in names if n != "vllm"
+        ]
+        lines += [
+            "",
+            f"Median of {across['rounds']} rounds' ratios to bare vLLM at {' / '.join(levels)} "
+            f"streams (the order reversed in every other round; bench/results/peers_latest.md): "
+            f"{', '.join(medians)}.",
+        ]
     return lines
 
 

@@ -2,7 +2,9 @@
 stop it, and write the report. See bench/peers/__init__.py and docs/benchmarks.md.
 
 Systems run one at a time, in the order llmserve, ray-serve-llm, vllm: the open-loop loads are
-multiples of llmserve's capacity, so it is measured first. Exit status 1 when a system failed to
+multiples of llmserve's capacity, so it is measured first. `--rounds N` adds N - 1 rounds of the
+sweep at 16 and 64 streams, the order reversed in every other round, and reports the median of
+each round's ratio (bench/peers/rounds.py). Exit status 1 when a system failed to
 start, to be measured or to stop cleanly (the report is written anyway).
 """
 
@@ -20,8 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.peers import machine, report, scenarios, systems
+from bench.peers import machine, report, rounds, scenarios, systems
 from bench.peers.spec import (
+    BASELINE,
     FULL,
     ROOT,
     SMOKE,
@@ -88,6 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["sweep", "open_loop", "mixed"],
         default=["sweep", "open_loop", "mixed"],
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds in all: each after the first starts every system again for a sweep at "
+        f"{' and '.join(map(str, rounds.LEVELS))} streams, in the other order; the report gives "
+        "the median of the rounds' ratios",
+    )
     return p.parse_args(argv)
 
 
@@ -151,7 +162,14 @@ def start(system: systems.System, timeout_s: float) -> tuple[float, int]:
 
 
 def run_system(
-    name: str, port: int, model: Model, w: Workload, args, capacity: dict[str, Any], work_dir: Path
+    name: str,
+    port: int,
+    model: Model,
+    w: Workload,
+    args,
+    capacity: dict[str, Any],
+    work_dir: Path,
+    scenario_names: list[str],
 ) -> dict[str, Any]:
     system = systems.make(name, model, port, work_dir, args.config)
     entry: dict[str, Any] = {"port": port, "error": None}
@@ -161,7 +179,7 @@ def run_system(
         print(f"  ready after {entry['ready_s']} s", flush=True)
         asyncio.run(
             measure(
-                system, model, w, args.scenarios, capacity, entry, work_dir / f"{name}.client.log"
+                system, model, w, scenario_names, capacity, entry, work_dir / f"{name}.client.log"
             )
         )
     except BaseException as e:  # noqa: BLE001 - a failed system must still be stopped and reported
@@ -179,6 +197,33 @@ def run_system(
             flush=True,
         )
     return entry
+
+
+def run_rounds(args, model: Model, w: Workload, order, capacity, work_dir: Path, results) -> None:
+    """Rounds 2..N: every system again, a sweep at rounds.LEVELS, the order alternating; the
+    entries go to results["rounds"] and the medians to results["across_rounds"]."""
+    levels = tuple(c for c in w.concurrencies if c in rounds.LEVELS) or w.concurrencies
+    w_round = with_overrides(w, concurrencies=levels)
+    results["rounds"] = []
+    for number in range(2, args.rounds + 1):
+        entries: dict[str, Any] = {}
+        results["rounds"].append({"round": number, "order": [], "systems": entries})
+        for name in rounds.order(number, order):
+            print(f"-- round {number} of {args.rounds}", flush=True)
+            results["rounds"][-1]["order"].append(name)
+            entries[name] = run_system(
+                name,
+                args.port_base + SYSTEMS.index(name),
+                model,
+                w_round,
+                args,
+                capacity,
+                work_dir / f"round{number}",
+                ["sweep"],
+            )
+        sweeps = [{n: e.get("sweep") for n, e in results["systems"].items()}]
+        sweeps += [{n: e.get("sweep") for n, e in r["systems"].items()} for r in results["rounds"]]
+        results["across_rounds"] = rounds.summarize(sweeps, BASELINE, levels)
 
 
 def _terminate(signum, frame) -> None:
@@ -238,8 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in order:
             results["systems"][name] = run_system(
-                name, args.port_base + SYSTEMS.index(name), model, w, args, capacity, work_dir
+                name,
+                args.port_base + SYSTEMS.index(name),
+                model,
+                w,
+                args,
+                capacity,
+                work_dir,
+                args.scenarios,
             )
+        if args.rounds > 1 and "sweep" in args.scenarios:
+            run_rounds(args, model, w, order, capacity, work_dir, results)
     finally:
         results["load_average_end"] = machine.load_average()
         results["wall_s"] = round(time.monotonic() - t0, 1)
@@ -250,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             summary.update_readme()  # the README's figures, from these results
         print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
         print(f"total {results['wall_s'] / 60:.1f} min")
-    failed = [n for n, e in results["systems"].items() if e["error"] or not e["stop"]["clean"]]
+    entries = [results["systems"], *(r["systems"] for r in results.get("rounds", []))]
+    failed = [n for es in entries for n, e in es.items() if e["error"] or not e["stop"]["clean"]]
     if failed:
         print(f"FAILED or not stopped cleanly: {failed}", file=sys.stderr)
     return 1 if failed else 0

@@ -47,7 +47,14 @@ class Row:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    sections = [_header, _systems_section, _sweep_section, _open_loop_section, _mixed_section]
+    sections = [
+        _header,
+        _systems_section,
+        _sweep_section,
+        _rounds_section,
+        _open_loop_section,
+        _mixed_section,
+    ]
     lines = [line for section in sections for line in section(results)]
     lines += [
         f"Total run time {results.get('wall_s', 0) / 60:.1f} min. Plots: "
@@ -118,6 +125,36 @@ def _sweep_section(r: dict[str, Any]) -> list[str]:
         "",
         *_cpu_section(r),
     ]
+
+
+def _rounds_section(r: dict[str, Any]) -> list[str]:
+    across = r.get("across_rounds")
+    if not across:
+        return []
+    orders = "; ".join(
+        f"{i + 2}: {', '.join(x['order'])}" for i, x in enumerate(r.get("rounds", []))
+    )
+    lines = [
+        f"## Across {across['rounds']} rounds",
+        "",
+        "Each round after the first starts every system again for the sweep at these levels, "
+        f"in the other order (round 1: {', '.join(r['systems'])}; {orders}). Output tokens/s "
+        "per round (a level with a request not served counts as missing), the ratio to "
+        f"{across['baseline']} within each round, and the median of those ratios.",
+        "",
+        "| streams | system | output tokens/s by round | median | ratio by round | median ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c, level in across["levels"].items():
+        for name, x in level.items():
+            tps = " / ".join("-" if t is None else f"{t:.1f}" for t in x["output_throughput"])
+            ratios = " / ".join(f"x{q:.2f}" for q in x["ratios"]) or "-"
+            median = f"x{x['median_ratio']:.2f}" if x["median_ratio"] is not None else "-"
+            lines.append(
+                f"| {c} | {name} | {tps} | {x['median_output_throughput'] or '-'} | {ratios} | "
+                f"{median} |"
+            )
+    return [*lines, ""]
 
 
 def _cpu_section(r: dict[str, Any]) -> list[str]:
