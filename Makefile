@@ -10,7 +10,7 @@ RAY_PORT ?= 6379
 DASHBOARD_PORT ?= 8265
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
-BENCH_ARGS ?=
+BENCH_ARGS ?= --rounds 3
 
 .PHONY: install prepare serve stop test lint format unit integration clean prometheus chaos chaos-short bench
 
@@ -75,7 +75,6 @@ integration: install prometheus
 # more rounds of the 16- and 64-stream sweep in alternating order, whose median ratio the README
 # gives (about an hour on 2 cores); results in bench/results/peers_latest.{json,md,*.png}. Stop
 # `make serve` first: the systems need the cores to themselves.
-BENCH_ARGS ?= --rounds 3
 bench: install
 	$(BIN)/python -m bench.peers --full $(BENCH_ARGS)
 
