@@ -172,7 +172,8 @@ def test_server_keeps_serving_after_bad_input(http, client):
 
 
 def test_readyz_says_ready_once_every_model_has_a_running_replica(http):
-    # The Router learns replica counts every 2 s; the app is up, so it must turn ready.
+    # The Router learns each count from Ray's long poll, or from the controller every 2 s for a
+    # model with no request yet; the app is up, so it must turn ready.
     deadline = time.monotonic() + 120
     key = {"Authorization": f"Bearer {KEYS['interactive']}"}
     while (r := http.get("/readyz", headers=key)).status_code != 200:
