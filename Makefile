@@ -73,8 +73,9 @@ integration: install prometheus
 
 # This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine, then two
 # more rounds of the 16- and 64-stream sweep in alternating order, whose median ratio the README
-# gives (about an hour on 2 cores); results in bench/results/peers_latest.{json,md,*.png}. Stop
-# `make serve` first: the systems need the cores to themselves.
+# gives (29 minutes on the 2-core AVX-512 host, about an hour on the AVX2 one); results in
+# bench/results/peers_latest.{json,md,*.png}. Stop `make serve` first: the systems need the
+# cores to themselves.
 bench: install
 	$(BIN)/python -m bench.peers --full $(BENCH_ARGS)
 

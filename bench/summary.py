@@ -95,7 +95,9 @@ def _peers(doc: dict) -> list[str]:
             return "-" if q is None else f"x{q:.2f}"
 
         medians = [
-            f"{label[n]} {' / '.join(median(n, c) for c in levels)}" for n in names if n != "vllm"
+            f"{label[n]} {' / '.join(median(n, c) for c in levels)}"
+            for n in names
+            if n != across["baseline"]
         ]
         lines += [
             "",

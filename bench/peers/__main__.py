@@ -221,6 +221,7 @@ def run_rounds(args, model: Model, w: Workload, order, capacity, work_dir: Path,
                 work_dir / f"round{number}",
                 ["sweep"],
             )
+        # After every round, so that a run cut short still reports the rounds it finished.
         sweeps = [{n: e.get("sweep") for n, e in results["systems"].items()}]
         sweeps += [{n: e.get("sweep") for n, e in r["systems"].items()} for r in results["rounds"]]
         results["across_rounds"] = rounds.summarize(sweeps, BASELINE, levels)

@@ -46,21 +46,17 @@ def summarize(
     names = sorted({n for r in rounds for n in r})
     for c in levels:
         level: dict[str, Any] = {}
+        bases = [throughput(r.get(baseline), c) for r in rounds]
         for name in names:
             tps = [throughput(r.get(name), c) for r in rounds]
-            ratios = []
-            for r, tp in zip(rounds, tps):
-                base = throughput(r.get(baseline), c)
-                if tp is not None and base:
-                    ratios.append(round(tp / base, 3))
+            pairs = zip(tps, bases) if name != baseline else ()
+            ratios = [round(tp / base, 3) for tp, base in pairs if tp is not None and base]
             served = [t for t in tps if t is not None]
             level[name] = {
                 "output_throughput": tps,
                 "median_output_throughput": round(statistics.median(served), 1) if served else None,
-                "ratios": ratios if name != baseline else [],
-                "median_ratio": (
-                    round(statistics.median(ratios), 3) if ratios and name != baseline else None
-                ),
+                "ratios": ratios,
+                "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
             }
         out["levels"][str(c)] = level
     return out
