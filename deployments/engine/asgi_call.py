@@ -187,8 +187,10 @@ async def reply_parts(
         return
     while not call.has_data and not call.complete:
         await call.wait()
-    if call.status >= 500 and engine_died():
-        # Nothing was sent, so the Router may retry it on another replica.
+    if (call.status >= 500 or usage.num_completion_tokens == 0) and engine_died():
+        # Nothing was sent, so the Router may retry it on another replica. A stream's status
+        # is 200 before the engine is asked: one the engine failed before its first token
+        # opens with vLLM's error frame, not a 500.
         yield refusal(replica_id, "engine died")
         return
     yield ReplyHead(call.status, call.headers, call.take(), replica_id)

@@ -113,13 +113,11 @@ def request(body: bytes = b"{}") -> ReplicaRequest:
     return ReplicaRequest("r1", "/v1/completions", body, (("content-type", "application/json"),))
 
 
-async def relay(app, interval_s: float, died: bool = False) -> list:
+async def relay(app, interval_s: float, died: bool = False, num_tokens: int = 7) -> list:
     call = AsgiCall(app, request())
+    usage = Usage(num_completion_tokens=num_tokens)
     parts = [
-        p
-        async for p in reply_parts(
-            call, Usage(num_completion_tokens=7), FlushPolicy(interval_s), "rep-1", lambda: died
-        )
+        p async for p in reply_parts(call, usage, FlushPolicy(interval_s), "rep-1", lambda: died)
     ]
     await call.close()
     return parts
@@ -163,23 +161,44 @@ def test_closing_the_call_makes_the_app_see_the_client_leave():
     assert seen["stopped_at"] < 100  # it stopped at once, not after its 1000 tokens
 
 
-def test_an_engine_dead_before_the_first_token_is_a_refusal_to_retry_elsewhere():
-    async def failing_app(scope, receive, send):
-        await receive()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 500,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b'{"error": {"code": 500}}'})
+def one_reply_app(status: int, content_type: bytes, *bodies: bytes):
+    """An ASGI app that answers every request with `status` and these body writes."""
 
+    async def app(scope, receive, send):
+        await receive()
+        headers = [(b"content-type", content_type)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        for body in bodies:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def test_an_engine_dead_before_the_first_token_is_a_refusal_to_retry_elsewhere():
+    failing_app = one_reply_app(500, b"application/json", b'{"error": {"code": 500}}')
     (head,) = asyncio.run(relay(failing_app, 0.05, died=True))
     assert head.status == 503 and head.code == "replica_unhealthy"
     # The same 500 from a live engine is the engine's answer, passed on as it is.
     head, end = asyncio.run(relay(failing_app, 0.05, died=False))
     assert head.status == 500 and head.code is None and isinstance(end, ReplyEnd)
+
+
+def test_a_stream_whose_engine_died_before_its_first_token_is_retried_elsewhere():
+    # vLLM's server sends a stream's 200 before asking the engine; an engine found dead then
+    # makes the first frame an error (seen in CI: a request sent 17 ms after the engine's
+    # process was killed, before Serve knew, answered its client an SSE error).
+    dead_engine_stream = one_reply_app(
+        200, b"text/event-stream", frame({"error": {"code": 500}}), b"data: [DONE]\n\n"
+    )
+    (head,) = asyncio.run(relay(dead_engine_stream, 0.05, died=True, num_tokens=0))
+    assert head.status == 503 and head.code == "replica_unhealthy"
+    # Once a token was generated the stream is the client's: relayed, ended as failed.
+    head, *_, end = asyncio.run(relay(dead_engine_stream, 0.05, died=True, num_tokens=1))
+    assert head.status == 200 and head.code is None and end.failed
+    # A live engine's error frame is its answer.
+    head, *_, end = asyncio.run(relay(dead_engine_stream, 0.05, died=False, num_tokens=0))
+    assert head.status == 200 and head.code is None
 
 
 def test_an_app_that_crashes_is_a_500_not_a_hang():
