@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -34,9 +35,13 @@ ENGINE_FAILED = OpenAIError(
 
 class ReplyRelay:
     def __init__(
-        self, gate: Gate, dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]]
+        self,
+        gate: Gate,
+        dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]],
+        clock: Callable[[], float] = time.monotonic,  # the gate's: tickets' deadlines are on it
     ) -> None:
         self.gate = gate
+        self.clock = clock
         # Dispatched and not yet finished, by entry id: the Router's housekeeping enforces
         # their deadlines.
         self.dispatched = dispatched
@@ -45,7 +50,9 @@ class ReplyRelay:
         self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket, session: str
     ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
         """Sends to a replica and waits for its reply head. A replica that fails before any
-        output (it died, or says it is unhealthy) costs one retry on another replica."""
+        output (it died, or says it is unhealthy) costs one retry on another replica. A stream
+        whose deadline passed before its head is a 504, not a 200 that ends in an error: the
+        housekeeping tick that enforces deadlines may not have come round yet."""
         for attempt in range(1, MAX_ATTEMPTS + 1):
             options = {"stream": True, "session_id": session} if session else {"stream": True}
             stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(request)
@@ -68,6 +75,9 @@ class ReplyRelay:
                 verdict = after_attempt(attempt, Attempt.FAILED)
             else:
                 if head.code != "replica_unhealthy":
+                    if head.is_stream and (ticket.expired or self.clock() > ticket.deadline_s):
+                        stream.cancel()
+                        raise self._deadline_passed(ticket)
                     return stream, head
                 stream.cancel()
                 verdict = after_attempt(attempt, Attempt.UNHEALTHY, head.replica_id)
@@ -86,10 +96,13 @@ class ReplyRelay:
         except RequestCancelledError:
             if not ticket.expired:
                 raise
-            self.gate.num_rejected[(ticket.model, "deadline")] += 1
-            raise OpenAIError(
-                504, "the request's deadline passed during generation", code="deadline_exceeded"
-            ) from None
+            raise self._deadline_passed(ticket) from None
+
+    def _deadline_passed(self, ticket: Ticket) -> OpenAIError:
+        self.gate.num_rejected[(ticket.model, "deadline")] += 1
+        return OpenAIError(
+            504, "the request's deadline passed during generation", code="deadline_exceeded"
+        )
 
     async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
         """The reply's bytes as they come; raises OpenAIError if it fails midway."""
