@@ -123,7 +123,9 @@ def make_serve():
                 p.terminate()
             except psutil.Error:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=30)
+        # Ray's GCS and autoscaler monitor outwait a SIGTERM by 30 s and more (seen): the
+        # cluster is a throwaway, so they get 10 s, then SIGKILL.
+        _, alive = psutil.wait_procs(procs, timeout=10)
         for p in alive:
             try:
                 p.kill()
