@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.peers.spec import LABELS
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
@@ -56,8 +58,7 @@ def _relay(doc: dict) -> list[str]:
 
 def _peers(doc: dict) -> list[str]:
     systems = doc["systems"]
-    names = [n for n in ("vllm", "ray-serve-llm", "llmserve") if n in systems]
-    label = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve"}
+    names = [n for n in LABELS if n in systems]
 
     def at(name: str, concurrency: int) -> dict:
         return next(
@@ -72,7 +73,7 @@ def _peers(doc: dict) -> list[str]:
         f"{machine.get('cpu_model', '?')}, {machine.get('logical_cpus', '?')} logical CPUs, "
         f"engine dtype {dtype}), one after the other on that machine:",
         "",
-        "| | " + " | ".join(label[n] for n in names) + " |",
+        "| | " + " | ".join(LABELS[n] for n in names) + " |",
         "|---|" + "---|" * len(names),
     ]
     for c in (16, 64):
@@ -95,7 +96,7 @@ def _peers(doc: dict) -> list[str]:
             return "-" if q is None else f"x{q:.2f}"
 
         medians = [
-            f"{label[n]} {' / '.join(median(n, c) for c in levels)}"
+            f"{LABELS[n]} {' / '.join(median(n, c) for c in levels)}"
             for n in names
             if n != across["baseline"]
         ]

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peers import cpu
+from bench.peers import cpu, spec
 from bench.peers.spec import BASELINE
 
-LABELS = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve (this)"}
-# Columns: the baseline first, then the peer, then this platform.
-ORDER = ["vllm", "ray-serve-llm", "llmserve"]
+LABELS = {**spec.LABELS, "llmserve": "llmserve (this)"}
+ORDER = list(spec.LABELS)
 
 
 def write(results: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:

@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Peers are compared to this one; every ratio in the report is "system / bare vLLM".
 BASELINE = "vllm"
 SYSTEMS = ("llmserve", "ray-serve-llm", "vllm")
+# How tables and plots name them, in their column order: the baseline, the peer, this platform.
+LABELS = {"vllm": "bare vLLM", "ray-serve-llm": "Ray Serve LLM", "llmserve": "llmserve"}
 
 
 @dataclass(frozen=True)
