@@ -86,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mixed-window-s", type=float)
     p.add_argument("--capacity-rps", type=float, help="skip deriving capacity from the sweep")
     p.add_argument(
+        "--waves",
+        type=int,
+        help="sweep requests per level, in multiples of its concurrency (default 2): more "
+        "waves, a longer window per level and less of it in ramp-up",
+    )
+    p.add_argument(
         "--scenarios",
         nargs="+",
         choices=["sweep", "open_loop", "mixed"],
@@ -109,6 +115,7 @@ def workload(args: argparse.Namespace) -> Workload:
         loads_x_capacity=tuple(args.loads) if args.loads else None,
         open_loop_window_s=args.window_s,
         mixed_window_s=args.mixed_window_s,
+        prompts_per_concurrency=args.waves,
     )
 
 

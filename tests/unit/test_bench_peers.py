@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from bench.peers import report, scenarios
+from bench.peers.__main__ import parse_args, workload
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
 from bench.peers.systems import System, port_is_free
@@ -92,6 +93,12 @@ def test_presets():
         128,
     ]  # 2 waves, at least 6
     assert SMOKE.max_open_loop_requests and SMOKE.input_len < FULL.input_len
+
+
+def test_waves_set_the_sweep_requests_per_level():
+    w = workload(parse_args(["--full", "--concurrency", "16", "64", "--waves", "6"]))
+    assert [w.prompts_at(c) for c in w.concurrencies] == [96, 384]
+    assert workload(parse_args(["--full"])) == FULL
 
 
 def _req(status=200, ttft=0.1, latency=1.0, n=10) -> Req:
