@@ -59,7 +59,7 @@ class Gate:
         num_router_replicas: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._clock = clock
+        self.clock = clock  # tickets' times are on it; the Router's relay and housekeeping read it
         self._share = 1.0 / num_router_replicas
         self._levels = config.admission.priority_levels
         self._tenants = {t.name: t for t in tenants}
@@ -122,17 +122,17 @@ class Gate:
                 await self._enter_queue(ticket, self.priority(tenant), timeout_s)
             except BaseException:
                 self._concurrent[tenant.name] -= 1
-                self._limiters[tenant.name].settle(num_tokens, 0, self._clock())
+                self._limiters[tenant.name].settle(num_tokens, 0, self.clock())
                 ticket.finished = True
                 raise
-            ticket.queue_wait_s = self._clock() - ticket.admitted_at
+            ticket.queue_wait_s = self.clock() - ticket.admitted_at
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         return ticket
 
     def precheck(self, tenant: TenantConfig) -> None:
         """The tenant's request rate, right after its key and before its body is read; raises
         the 429. Admission proper (`admit`) takes from the buckets."""
-        decision = self._limiters[tenant.name].peek_request(self._clock())
+        decision = self._limiters[tenant.name].peek_request(self.clock())
         if not decision.allowed:
             self.num_rejected[(UNKNOWN_MODEL, "rate_limit")] += 1
             raise self._rate_limited(tenant, decision, decision.status.headers())
@@ -150,7 +150,7 @@ class Gate:
         self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
     ) -> Ticket:
         """The tenant's token buckets and concurrency cap; a ticket holding both, or 429."""
-        now = self._clock()
+        now = self.clock()
         limiter = self._limiters[tenant.name]
         decision = limiter.try_admit(num_tokens, now)
         headers = decision.status.headers()
@@ -190,7 +190,7 @@ class Gate:
 
     async def _enter_queue(self, ticket: Ticket, priority: int, timeout_s: float) -> None:
         queue = self._queues[ticket.model]
-        now = self._clock()
+        now = self.clock()
         for r in queue.poll(now):  # expired entries must not count against the newcomer
             self._fail_waiter(ticket.model, r)
         decision = queue.offer(ticket.entry_id, priority, now)
@@ -208,7 +208,7 @@ class Gate:
         except BaseException as e:
             # Timed out, cancelled (client left) or rejected: whichever, leave no trace behind.
             if not queue.cancel(ticket.entry_id) and queue.is_in_flight(ticket.entry_id):
-                self._start(queue.release(ticket.entry_id, self._clock()))
+                self._start(queue.release(ticket.entry_id, self.clock()))
             if isinstance(e, asyncio.TimeoutError):
                 self.num_rejected[(ticket.model, "deadline")] += 1
                 raise OpenAIError(
@@ -250,7 +250,7 @@ class Gate:
         if ticket.finished:
             return
         ticket.finished = True
-        now = self._clock()
+        now = self.clock()
         self._concurrent[ticket.tenant] -= 1
         self._limiters[ticket.tenant].settle(ticket.num_reserved_tokens, num_used_tokens, now)
         self._start(self._queues[ticket.model].release(ticket.entry_id, now))
@@ -259,7 +259,7 @@ class Gate:
 
     def tick(self) -> None:
         """Expire queued requests past their class's wait bound (call a few times a second)."""
-        now = self._clock()
+        now = self.clock()
         for model, queue in self._queues.items():
             for r in queue.poll(now):
                 self._fail_waiter(model, r)
@@ -269,14 +269,14 @@ class Gate:
         capacity = self._capacity(self._models[model], num_replicas)
         queue = self._queues[model]
         if capacity != queue.capacity:
-            self._start(queue.set_capacity(capacity, self._clock()))
+            self._start(queue.set_capacity(capacity, self.clock()))
 
     def not_ready(self) -> dict[str, str]:
         """Models that cannot serve now, with why; empty when the app is ready for traffic."""
         return readiness.not_ready(self._models, self._live_replicas, self._may_scale_to_zero)
 
     def rate_headers(self, tenant: TenantConfig) -> dict[str, str]:
-        return self._limiters[tenant.name].status(self._clock()).headers()
+        return self._limiters[tenant.name].status(self.clock()).headers()
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         return {

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from ray.serve.exceptions import RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -23,7 +22,14 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from deployments.admission_gate import Gate, Ticket
 from deployments.request_path import DONE_FRAME, OpenReply, outcome_of, sse_error
 from serve_app.openai_protocol import OpenAIError
-from serve_app.policies.relay import MAX_ATTEMPTS, Attempt, Next, after_attempt, tokens_charged
+from serve_app.policies.relay import (
+    MAX_ATTEMPTS,
+    Attempt,
+    Next,
+    after_attempt,
+    past_deadline,
+    tokens_charged,
+)
 from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 
 logger = logging.getLogger("ray.serve")
@@ -35,13 +41,9 @@ ENGINE_FAILED = OpenAIError(
 
 class ReplyRelay:
     def __init__(
-        self,
-        gate: Gate,
-        dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]],
-        clock: Callable[[], float] = time.monotonic,  # the gate's: tickets' deadlines are on it
+        self, gate: Gate, dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]]
     ) -> None:
-        self.gate = gate
-        self.clock = clock
+        self.gate = gate  # its clock is the one tickets' deadlines are on
         # Dispatched and not yet finished, by entry id: the Router's housekeeping enforces
         # their deadlines.
         self.dispatched = dispatched
@@ -75,7 +77,8 @@ class ReplyRelay:
                 verdict = after_attempt(attempt, Attempt.FAILED)
             else:
                 if head.code != "replica_unhealthy":
-                    if head.is_stream and (ticket.expired or self.clock() > ticket.deadline_s):
+                    now = self.gate.clock()
+                    if head.is_stream and past_deadline(now, ticket.deadline_s, ticket.expired):
                         stream.cancel()
                         raise self._deadline_passed(ticket)
                     return stream, head

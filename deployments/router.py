@@ -129,7 +129,7 @@ class Router:
             try:
                 self._gate.tick()
                 self._enforce_deadlines()
-                now = time.monotonic()
+                now = self._gate.clock()
                 if now - last_refresh > REPLICA_REFRESH_S:
                     last_refresh = now
                     if refresh is None or refresh.done():
@@ -139,7 +139,7 @@ class Router:
                 logger.exception("housekeeping tick failed")
 
     def _enforce_deadlines(self) -> None:
-        now = time.monotonic()
+        now = self._gate.clock()
         for entry_id, (ticket, stream) in list(self._dispatched.items()):
             action = deadline_action(now, ticket.deadline_s, ticket.finished, ticket.expired)
             if action is Deadline.FORGET:

@@ -1,5 +1,6 @@
 """The Router's relay decisions, pure: whether a forwarded request is retried before its first
-output, what its deadline asks of a request in flight, and what a finished reply costs its tenant.
+output, whether its time is up when its reply starts, what its deadline asks of a request in
+flight, and what a finished reply costs its tenant.
 
 deployments/reply_relay.py and deployments/router.py act on them: Ray calls, cancellation and
 errors stay there; the rules are here, table-tested in tests/unit/test_relay_rules.py.
@@ -55,6 +56,13 @@ class Deadline(Enum):
     FORGET = "forget"  # it finished: stop tracking it
     EXPIRE = "expire"  # its deadline passed: cancel it (the engine aborts it, the reader 504s)
     RECLAIM = "reclaim"  # expired and still here after the grace: nobody reads it, free its slot
+
+
+def past_deadline(now_s: float, deadline_s: float, expired: bool) -> bool:
+    """Whether a request's time is up when its reply head arrives: its deadline passed, or the
+    housekeeping tick already expired it (the tick runs every 100 ms, so the head can come
+    first)."""
+    return expired or now_s > deadline_s
 
 
 def deadline_action(

@@ -11,6 +11,7 @@ from serve_app.policies.relay import (
     Next,
     after_attempt,
     deadline_action,
+    past_deadline,
     tokens_charged,
 )
 
@@ -53,6 +54,19 @@ def test_deadline_action(now, deadline, finished, expired, expected):
 def test_the_reclaim_grace_is_a_parameter():
     assert deadline_action(11.5, 10.0, False, True, grace_s=1.0) is Deadline.RECLAIM
     assert deadline_action(11.5, 10.0, False, True, grace_s=2.0) is Deadline.KEEP
+
+
+@pytest.mark.parametrize(
+    "now, deadline, expired, expected",
+    [
+        (9.9, 10.0, False, False),  # in time
+        (10.0, 10.0, False, False),  # at the deadline itself: still in time, as on the tick
+        (10.1, 10.0, False, True),  # passed before the tick came round
+        (9.9, 10.0, True, True),  # the tick expired it: up, whatever this clock says
+    ],
+)
+def test_past_deadline(now, deadline, expired, expected):
+    assert past_deadline(now, deadline, expired) is expected
 
 
 @pytest.mark.parametrize(
