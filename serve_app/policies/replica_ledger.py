@@ -10,30 +10,47 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterator
 
 MAX_SESSIONS = 10_000
+# Completions seen before their request was reported routed, remembered at most this many.
+MAX_EARLY_COMPLETIONS = 10_000
 
 
 class InFlight:
     """Requests this router sent to each replica and that have not completed: exact and
     immediate, unlike the replicas' own stats (a second old), so a burst does not herd."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_early_completions: int = MAX_EARLY_COMPLETIONS) -> None:
         self._by_replica: Counter[Hashable] = Counter()
         # (replica, request) of each accepted request not yet completed. Ray also reports the
         # completion of requests the replica rejected (or that failed before acceptance),
         # which were never counted: only these may decrement a count.
         self._routed: Counter[tuple[Hashable, str]] = Counter()
+        # Completions of requests not (yet) counted. Ray registers a request's completion
+        # callback before it awaits the replica's acceptance, so a quick call (a stats call,
+        # an error answered at once) can complete before Ray reports it routed: counted then,
+        # it would never come off, and its replica would look busier with every such call.
+        # Rejections land here too and are never routed: the oldest go beyond the bound.
+        self._early: OrderedDict[tuple[Hashable, str], None] = OrderedDict()
+        self._max_early = max_early_completions
 
     def __getitem__(self, replica: Hashable) -> int:
         return self._by_replica[replica]
 
     def routed(self, replica: Hashable, request_id: str) -> None:
-        self._routed[(replica, request_id)] += 1
+        key = (replica, request_id)
+        if key in self._early:  # it already completed
+            del self._early[key]
+            return
+        self._routed[key] += 1
         self._by_replica[replica] += 1
 
     def completed(self, replica: Hashable, request_id: str) -> None:
         key = (replica, request_id)
-        if self._routed[key] <= 0:
-            return  # rejected, or failed before acceptance: never counted
+        if self._routed[key] <= 0:  # not counted (yet): rejected, or quicker than its routing
+            self._early[key] = None
+            self._early.move_to_end(key)
+            while len(self._early) > self._max_early:
+                self._early.popitem(last=False)
+            return
         self._routed[key] -= 1
         if self._routed[key] <= 0:
             del self._routed[key]
@@ -45,6 +62,8 @@ class InFlight:
         self._by_replica.pop(replica, None)
         for key in [k for k in self._routed if k[0] == replica]:
             del self._routed[key]
+        for key in [k for k in self._early if k[0] == replica]:
+            del self._early[key]
 
     def __len__(self) -> int:
         """Requests tracked (for leak checks)."""

@@ -22,10 +22,29 @@ from serve_app.policies.replica_ledger import InFlight, Sessions
         # A replica that died forgets its requests; the others keep theirs.
         ([("routed", "a", "1"), ("routed", "b", "2"), ("forget", "a", "")], {"a": 0, "b": 1}, 1),
         ([("routed", "a", "1"), ("forget", "a", ""), ("completed", "a", "1")], {"a": 0}, 0),
+        # A quick call that completed before Ray reported it routed: never in flight, so its
+        # replica's count does not grow with every such call.
+        ([("completed", "a", "1"), ("routed", "a", "1")], {"a": 0}, 0),
+        (
+            [("completed", "a", "1"), ("routed", "a", "1"), ("routed", "a", "2")],
+            {"a": 1},
+            1,
+        ),
+        # Only the same request on the same replica: a completion elsewhere takes nothing off.
+        ([("completed", "b", "1"), ("routed", "a", "1")], {"a": 1}, 1),
+        # At most max_early (here 2) such completions are remembered, the oldest go first.
+        (
+            [("completed", "a", "1"), ("completed", "a", "2"), ("completed", "a", "3")]
+            + [("routed", "a", "1"), ("routed", "a", "2"), ("routed", "a", "3")],
+            {"a": 1},
+            1,
+        ),
+        # A replica that died forgets those too.
+        ([("completed", "a", "1"), ("forget", "a", ""), ("routed", "a", "1")], {"a": 1}, 1),
     ],
 )
 def test_in_flight(events, counts, tracked):
-    ledger = InFlight()
+    ledger = InFlight(max_early_completions=2)
     for kind, replica, request in events:
         if kind == "forget":
             ledger.forget(replica)
