@@ -25,10 +25,12 @@ class InFlight:
         # which were never counted: only these may decrement a count.
         self._routed: Counter[tuple[Hashable, str]] = Counter()
         # Completions of requests not (yet) counted. Ray registers a request's completion
-        # callback before it awaits the replica's acceptance, so a quick call (a stats call,
-        # an error answered at once) can complete before Ray reports it routed: counted then,
-        # it would never come off, and its replica would look busier with every such call.
-        # Rejections land here too and are never routed: the oldest go beyond the bound.
+        # callback before it awaits the replica's acceptance, so a quick unary handle call (a
+        # driver's stats call) can complete before Ray reports it routed: counted then, it
+        # would never come off, and its replica would look busier with every such call.
+        # Rejections land here too; the oldest go beyond the bound. A rejected request that
+        # Ray retries on the same replica then goes uncounted while it runs: an undercount by
+        # one, rare, never a leak.
         self._early: OrderedDict[tuple[Hashable, str], None] = OrderedDict()
         self._max_early = max_early_completions
 
