@@ -33,10 +33,12 @@ prepare: install
 	$(BIN)/llmserve prepare $(CONFIG)
 
 # Ray runs with token auth, on loopback only, in Serve's throughput-optimized mode behind HAProxy
-# (serve_app/ray_env.py): the environment must be there when Ray's processes start.
+# (serve_app/ray_env.py): the environment must be there when Ray's processes start. On a host
+# without a GPU they start on its last core, off the engine's (serve_app/platform_cores.py).
 serve: prepare
 	eval "$$($(BIN)/llmserve ray-env)"; \
-	$(BIN)/ray status --address 127.0.0.1:$(RAY_PORT) >/dev/null 2>&1 || $(BIN)/ray start --head \
+	$(BIN)/ray status --address 127.0.0.1:$(RAY_PORT) >/dev/null 2>&1 || \
+	$(BIN)/llmserve confined -- $(BIN)/ray start --head \
 		--port $(RAY_PORT) --num-cpus $(RAY_NUM_CPUS) --include-dashboard=true \
 		--dashboard-host 127.0.0.1 --dashboard-port $(DASHBOARD_PORT) \
 		--metrics-export-port $(METRICS_PORT) --disable-usage-stats; \

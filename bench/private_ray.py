@@ -55,6 +55,7 @@ def private_ray(
     *,
     num_cpus: int = 8,
     platform_env: bool = True,
+    confine_platform: bool = False,
     env: dict[str, str] | None = None,
     new_instance: bool = False,
     temp_dir: str | None = None,
@@ -65,11 +66,17 @@ def private_ray(
 ) -> Iterator[PrivateRay]:
     """`interrupt`: the SIGTERM and SIGINT handler to put back after ray.init, which installs
     its own for SIGTERM. `platform_env=False`: Ray's and Serve's defaults (bench.relay_cost's
-    runs of an older tree that has no serve_app/ray_env.py, or of Serve's defaults)."""
+    runs of an older tree that has no serve_app/ray_env.py, or of Serve's defaults).
+    `confine_platform`: Ray's processes on the platform's cores, as `make serve` starts them
+    (serve_app/platform_cores.py); this process goes there too."""
     if platform_env:
         from serve_app import ray_env
 
         ray_env.apply(port + 1)
+    if confine_platform:
+        from serve_app import platform_cores
+
+        platform_cores.confine_this_process()
     os.environ.update(env or {})
     import ray
     from ray import serve

@@ -7,6 +7,7 @@ llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:80
                 # live per-model view: replicas, queue, TTFT, tokens/s; --timeout-s bounds each
                 # HTTP call
 llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
+llmserve confined -- ray start ...   # a command on the platform's cores, off the engines'
 llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
               [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
 """
@@ -227,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="for a cluster of several nodes: no loopback-only mode",
     )
+    co = sub.add_parser(
+        "confined",
+        help="run a command (`ray start`) on the platform's cores, off the engines' "
+        "(serve_app/platform_cores.py; $LLMSERVE_PLATFORM_CORES: auto, off or core ids)",
+    )
+    co.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     pl = sub.add_parser("plan", help="weights, KV blocks and concurrent sequences per scheme")
     pl.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     pl.add_argument(
@@ -282,6 +289,18 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in ray_env.cluster_env(single_machine=not args.cluster).items():
             print(f"export {key}={shlex.quote(value)}")
         return 0
+    if args.command == "confined":
+        from serve_app import platform_cores
+
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            parser.error("confined: give the command to run")
+        try:
+            platform_cores.confine_this_process()
+        except ValueError as e:
+            print(f"llmserve confined: {e}", file=sys.stderr)
+            return 2
+        os.execvp(cmd[0], cmd)
     if args.command == "status":
         from serve_app import status
 

@@ -83,6 +83,7 @@ def main() -> None:
             args.port,
             num_cpus=RAY_NUM_CPUS,
             platform_env=args.system == "llmserve",  # serve_app/ray_env.py: the platform's only
+            confine_platform=args.system == "llmserve",  # as `make serve` starts it
             new_instance=True,
             temp_dir=args.ray_temp_dir,
             # ray.init installs a SIGTERM handler that logs and kills the process on the spot,

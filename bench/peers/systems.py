@@ -72,7 +72,8 @@ class System:
         self.log_path = work_dir / f"{self.name}.server.log"
         self.base_url = f"http://127.0.0.1:{port}"
         self._proc: subprocess.Popen | None = None
-        self._seen: dict[int, tuple[float, str, int]] = {}  # pid -> (create_time, name, nice)
+        # pid -> (create_time, name, nice, cpus)
+        self._seen: dict[int, tuple[float, str, int, list[int]]] = {}
         self.started_at = 0.0
 
     # Subclasses say what to run.
@@ -106,10 +107,16 @@ class System:
             top = psutil.Process(self._proc.pid)
             for p in [top, *top.children(recursive=True)]:
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    # Niceness (the latest seen) is recorded because it differs between
-                    # systems: Ray starts its workers at nice 15, an LLMServer adds its
-                    # cpu_nice, and the client (nice 0) shares the cores with all of them.
-                    self._seen[p.pid] = (p.create_time(), p.name(), p.nice())
+                    # Niceness and CPU set (the latest seen) are recorded because they
+                    # differ between systems: Ray starts its workers at nice 15, llmserve's
+                    # Ray processes run off its engine's cores, and the client (nice 0)
+                    # shares the cores with all of them.
+                    self._seen[p.pid] = (
+                        p.create_time(),
+                        p.name(),
+                        p.nice(),
+                        sorted(p.cpu_affinity()),
+                    )
         except psutil.NoSuchProcess:
             pass
 
@@ -177,7 +184,7 @@ class System:
 
     def _alive(self) -> list[psutil.Process]:
         out = []
-        for pid, (created, _, _) in self._seen.items():
+        for pid, (created, *_) in self._seen.items():
             try:
                 p = psutil.Process(pid)
                 # Same pid and start time: the same process, not a reused pid.
@@ -189,8 +196,8 @@ class System:
 
     def processes(self) -> list[dict[str, Any]]:
         return [
-            {"pid": pid, "create_time": c, "name": n, "nice": nice}
-            for pid, (c, n, nice) in self._seen.items()
+            {"pid": pid, "create_time": c, "name": n, "nice": nice, "cpus": cpus}
+            for pid, (c, n, nice, cpus) in self._seen.items()
         ]
 
     def log_tail(self, num_lines: int = 40) -> str:

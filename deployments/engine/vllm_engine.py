@@ -37,7 +37,7 @@ from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
 from deployments.engine import request_usage
 from deployments.engine.kv_events import KVEventSubscriber
-from serve_app import host, vllm_args
+from serve_app import host, platform_cores, vllm_args
 from serve_app.config import ModelConfig
 from serve_app.policies.prefix_cache import HASH_ALGOS
 from serve_app.replica_call import FORWARDED_PATHS, CachedBlocks, EngineStats
@@ -154,13 +154,16 @@ class VLLMEngine:
         self._block_size = cache.block_size
         # vLLM's own metrics (running/waiting, KV usage, prefix-cache hits, TTFT, inter-token
         # latency) go out through Ray's metrics pipeline as ray_vllm_*, beside ours.
-        self._engine = AsyncLLM.from_vllm_config(
-            vllm_config,
-            usage_context=UsageContext.OPENAI_API_SERVER,
-            stat_loggers=[self._stats_logger, RayPrometheusStatLogger],
-            enable_log_requests=engine_args.enable_log_requests,
-            disable_log_stats=engine_args.disable_log_stats,
-        )
+        # The replica runs on the platform's cores; the engine's processes it starts here
+        # inherit all of them, so that vLLM's worker may bind its own (serve_app/platform_cores.py).
+        with platform_cores.all_cores():
+            self._engine = AsyncLLM.from_vllm_config(
+                vllm_config,
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                stat_loggers=[self._stats_logger, RayPrometheusStatLogger],
+                enable_log_requests=engine_args.enable_log_requests,
+                disable_log_stats=engine_args.disable_log_stats,
+            )
         self._engine.generate = _count_usage(self._engine.generate)
         if self._kv_events is not None:
             self._kv_events.start()

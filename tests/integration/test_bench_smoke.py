@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve_app import model_source
+from serve_app import model_source, platform_cores
 from serve_app.config import AppConfig
 from tests.integration.conftest import DEFAULT, TINY, _build_tiny_llama
 
@@ -109,6 +109,24 @@ def test_every_system_stopped_cleanly(smoke_run):
         alive = [p for p in entry["processes"] if still_running(p)]
         assert not alive, f"{name}: processes left running: {alive}"
         assert len(entry["processes"]) >= 1
+
+
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2 or any(p.exists() for p in platform_cores.GPU_DEVICES),
+    reason="the platform is confined only on a host without a GPU and with two cores or more",
+)
+def test_llmserve_runs_off_its_engine_cores(smoke_run):
+    """serve_app/platform_cores.py: Ray's processes on the last core, the engine's worker (which
+    its replica started) on the others; bare vLLM's worker keeps its own binding."""
+    results, _, _ = smoke_run
+    procs = results["systems"]["llmserve"]["processes"]
+    cpus = {p["name"]: set(p["cpus"]) for p in procs}
+    platform = {os.cpu_count() - 1}
+    for name in ("raylet", "gcs_server", "haproxy", "ray::ServeReplica:llmserve:Router"):
+        assert cpus[name] == platform, (name, cpus)
+    worker = cpus["VLLM::Worker"]
+    assert worker and not worker & platform, cpus
+    assert cpus["VLLM::EngineCore"] > platform, cpus  # inherited all cores, not the replica's
 
 
 def test_report_files_written(smoke_run):
