@@ -3,6 +3,7 @@ a replica's thread widened for its engine's start and put back."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def _affinity_of_child(env_value: str) -> set[int]:
         text=True,
         check=True,
     ).stdout
-    return set(eval(out))  # a printed list of ints
+    return set(json.loads(out))
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to confine to one")
