@@ -117,10 +117,15 @@ def test_every_system_stopped_cleanly(smoke_run):
 )
 def test_llmserve_runs_off_its_engine_cores(smoke_run):
     """serve_app/platform_cores.py: Ray's processes on the last core, the engine's worker (which
-    its replica started) on the others; bare vLLM's worker keeps its own binding."""
+    its replica started) on the others; bare vLLM's worker keeps its own binding. And
+    serve_app/ray_env.py: the engine's processes are not niced (Ray's default would give its
+    workers, and the engine they start, nice 15)."""
     results, _, _ = smoke_run
     procs = results["systems"]["llmserve"]["processes"]
     cpus = {p["name"]: set(p["cpus"]) for p in procs}
+    nice = {p["name"]: p["nice"] for p in procs}
+    for name in ("VLLM::EngineCore", "VLLM::Worker", "ray::ServeReplica:llmserve:Router"):
+        assert nice[name] == 0, nice
     platform = {os.cpu_count() - 1}
     for name in ("raylet", "gcs_server", "haproxy", "ray::ServeReplica:llmserve:Router"):
         assert cpus[name] == platform, (name, cpus)
