@@ -24,8 +24,8 @@ whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
   replica starts, inherit it; any process at nice 0 on their cores (Ray's own daemons, a node
   agent, a load generator) then takes the core from the engine core and its worker whenever it
   wants it. The workers are the workload here: at 0 they share as equals, as `vllm serve` does.
-  Measured (bench/peers, one stream and 16 beside bare vLLM, docs/benchmarks.md): one stream
-  x0.83 -> x0.94 of bare vLLM's tokens/s, TTFT x1.21 -> x1.11; 16 streams x0.97 -> x1.02.
+  Measured at nice 15: the engine spent 74 ms of CPU per token at one stream against bare
+  vLLM's 65; the effect on tokens/s is within this 2-core host's noise (docs/benchmarks.md).
 - `RAY_AUTH_MODE=token`: every Ray service (GCS, raylets, workers, Serve's gRPC between
   replicas, the dashboard and its agents, the Ray client server, which runs arbitrary code)
   refuses callers without the cluster's token (`ray start` makes one in ~/.ray/auth_token).

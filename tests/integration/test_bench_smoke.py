@@ -111,21 +111,25 @@ def test_every_system_stopped_cleanly(smoke_run):
         assert len(entry["processes"]) >= 1
 
 
+def test_llmserve_engine_is_not_niced(smoke_run):
+    """serve_app/ray_env.py: Ray's default would start its workers, and so the engine a replica
+    starts, at nice 15; on any host the engine and the Router run at 0, as `vllm serve` does."""
+    results, _, _ = smoke_run
+    nice = {p["name"]: p["nice"] for p in results["systems"]["llmserve"]["processes"]}
+    for name in ("VLLM::EngineCore", "VLLM::Worker", "ray::ServeReplica:llmserve:Router"):
+        assert nice[name] == 0, nice
+
+
 @pytest.mark.skipif(
     (os.cpu_count() or 1) < 2 or any(p.exists() for p in platform_cores.GPU_DEVICES),
     reason="the platform is confined only on a host without a GPU and with two cores or more",
 )
 def test_llmserve_runs_off_its_engine_cores(smoke_run):
     """serve_app/platform_cores.py: Ray's processes on the last core, the engine's worker (which
-    its replica started) on the others; bare vLLM's worker keeps its own binding. And
-    serve_app/ray_env.py: the engine's processes are not niced (Ray's default would give its
-    workers, and the engine they start, nice 15)."""
+    its replica started) on the others; bare vLLM's worker keeps its own binding."""
     results, _, _ = smoke_run
     procs = results["systems"]["llmserve"]["processes"]
     cpus = {p["name"]: set(p["cpus"]) for p in procs}
-    nice = {p["name"]: p["nice"] for p in procs}
-    for name in ("VLLM::EngineCore", "VLLM::Worker", "ray::ServeReplica:llmserve:Router"):
-        assert nice[name] == 0, nice
     platform = {os.cpu_count() - 1}
     for name in ("raylet", "gcs_server", "haproxy", "ray::ServeReplica:llmserve:Router"):
         assert cpus[name] == platform, (name, cpus)
