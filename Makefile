@@ -10,7 +10,7 @@ RAY_PORT ?= 6379
 DASHBOARD_PORT ?= 8265
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
-BENCH_ARGS ?= --rounds 3
+BENCH_ARGS ?= --rounds 5
 
 .PHONY: install prepare serve stop test lint format unit integration clean prometheus chaos chaos-short bench
 
@@ -73,9 +73,10 @@ unit: install prometheus
 integration: install prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-# This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine, then two
+# This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine, then four
 # more rounds of the 16- and 64-stream sweep in alternating order, whose median ratio the README
-# gives (29 minutes on the 2-core AVX-512 host, about an hour on the AVX2 one); results in
+# gives (about 50 minutes on the 2-core AVX-512 host, over an hour on the AVX2 one: three rounds'
+# medians moved by 0.16 between two runs an hour apart, docs/benchmarks.md); results in
 # bench/results/peers_latest.{json,md,*.png}. Stop `make serve` first: the systems need the
 # cores to themselves.
 bench: install

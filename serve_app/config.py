@@ -155,8 +155,11 @@ class DeploymentOptions(Strict):
         default=0,
         ge=0,
         le=19,
-        description="Niceness of the replica and its engine process. Raise it where replicas "
-        "share CPUs with the proxy and Router (CPU-only hosts), so the door stays responsive.",
+        description="Niceness of the replica and its engine process, absolute (Ray starts its "
+        "workers at 0 here: serve_app/ray_env.py). 0 runs the engine as `vllm serve` does; on a "
+        "host without a GPU the platform already keeps off the engine's cores "
+        "(serve_app/platform_cores.py). Raise it only for other work on the engine's cores to "
+        "go first: a niced engine core waits for every process above it (docs/benchmarks.md).",
     )
 
 
