@@ -132,6 +132,12 @@ async def measure(
     halfway keeps what was measured)."""
     url = system.base_url
     await scenarios.warm_up(url, model, w, log)
+    if w.idle_window_s > 0:
+        entry["idle_cpu_pct"] = await scenarios.idle_cpu(system.cpu_by_role, w.idle_window_s)
+        print(
+            f"  idle: {entry['idle_cpu_pct']['all_but_engine']}% of a core beside the engine",
+            flush=True,
+        )
     if "sweep" in scenario_names:
         entry["sweep"] = await scenarios.sweep(url, model, w, log, system.cpu_by_role)
         system.track()
@@ -210,7 +216,7 @@ def run_rounds(args, model: Model, w: Workload, order, capacity, work_dir: Path,
     """Rounds 2..N: every system again, a sweep at rounds.LEVELS, the order alternating; the
     entries go to results["rounds"] and the medians to results["across_rounds"]."""
     levels = tuple(c for c in w.concurrencies if c in rounds.LEVELS) or w.concurrencies
-    w_round = with_overrides(w, concurrencies=levels)
+    w_round = with_overrides(w, concurrencies=levels, idle_window_s=0.0)  # round 1 has it
     results["rounds"] = []
     for number in range(2, args.rounds + 1):
         entries: dict[str, Any] = {}

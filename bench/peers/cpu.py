@@ -88,3 +88,17 @@ def ms_per_token(
     per = {r: round(1000 * max(0.0, after[r] - before[r]) / tokens, 3) for r in ROLES}
     per["all_but_engine"] = round(sum(v for r, v in per.items() if r != "engine"), 3)
     return per
+
+
+def share_of_core(
+    before: dict[str, float], after: dict[str, float], seconds: float
+) -> dict[str, float]:
+    """% of one core by role between two readings `seconds` apart: the cost a system pays with
+    no request in flight, whatever its engine produces."""
+    if seconds <= 0:
+        return {}
+    per = {r: round(100 * max(0.0, after[r] - before[r]) / seconds, 2) for r in ROLES}
+    per["all_but_engine"] = round(
+        sum(v for r, v in per.items() if r not in ("engine", "client")), 2
+    )
+    return per

@@ -50,6 +50,7 @@ def markdown(results: dict[str, Any]) -> str:
         _header,
         _systems_section,
         _sweep_section,
+        _idle_cpu_section,
         _rounds_section,
         _open_loop_section,
         _mixed_section,
@@ -175,6 +176,28 @@ def _cpu_section(r: dict[str, Any]) -> list[str]:
         "share the cores the engine computes on: what the others take, the engine lacks.",
         "",
         *_table(r, ["concurrency", "role"], rows),
+        "",
+    ]
+
+
+def _idle_cpu_section(r: dict[str, Any]) -> list[str]:
+    rows = [
+        Row(
+            [role],
+            lambda s, role=role: (r["systems"][s].get("idle_cpu_pct") or {}).get(role),
+            ratio=False,
+        )
+        for role in (*cpu.ROLES, "all_but_engine")
+    ]
+    if not any(row.get(s) is not None for row in rows for s in r["systems"]):
+        return []  # results from before the harness measured it
+    return [
+        f"CPU with no request in flight, % of one core by role, over "
+        f"{r['workload'].get('idle_window_s', 0):g} s after the warm-up (all_but_engine: every "
+        "role but the engine and the client). A fixed cost: on this host it shares the cores with "
+        "the engine at every load.",
+        "",
+        *_table(r, ["role"], rows),
         "",
     ]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.peers.cpu import ms_per_token
+from bench.peers.cpu import ms_per_token, share_of_core
 from bench.peers.load import Req, bench_args, client_session, run_bench, samples, stream_request
 from bench.peers.spec import TENANTS, Model, Workload
 
@@ -76,6 +76,13 @@ async def warm_up(base_url: str, model: Model, w: Workload, log: Path) -> None:
             ),
             log,
         )
+
+
+async def idle_cpu(cpu: Callable[[], dict[str, float]], window_s: float) -> dict[str, float]:
+    """% of a core by role while no request is in flight, over `window_s` (bench/peers/cpu.py)."""
+    before, start = cpu(), time.monotonic()
+    await asyncio.sleep(window_s)
+    return share_of_core(before, cpu(), time.monotonic() - start)
 
 
 async def sweep(

@@ -50,6 +50,9 @@ class Workload:
     # 6 requests it came out x1.13-1.17 in make bench and x1.05 over 20 in the same hour
     # (docs/benchmarks.md). 20 costs ~40 s more per system.
     min_prompts: int = 20
+    # Each system's CPU with no request in flight, after its warm-up, over this long: a fixed
+    # cost that shares the cores with the engine whatever the load (docs/benchmarks.md).
+    idle_window_s: float = 30.0
     loads_x_capacity: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
     open_loop_window_s: float = 20.0  # arrivals span this long at each load level
     max_open_loop_requests: int | None = None  # a bound per level (smoke: keep it seconds long)
@@ -85,6 +88,7 @@ SMOKE = Workload(
     concurrencies=(1, 4),
     prompts_per_concurrency=1,
     min_prompts=4,
+    idle_window_s=2.0,
     loads_x_capacity=(1.0, 4.0),
     open_loop_window_s=3.0,
     max_open_loop_requests=24,

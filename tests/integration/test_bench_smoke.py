@@ -100,6 +100,21 @@ def test_every_system_started_and_was_measured(smoke_run):
     assert results["capacity"]["rps"] > 0 and results["capacity"]["reference"] == "llmserve"
 
 
+def test_each_systems_idle_cpu_was_measured(smoke_run):
+    """The fixed cost beside the engine, by role: Ray's processes, the ingress and the replica
+    holding the engine spend some of it in the two systems built on Ray, and bare vLLM has
+    none of them (its API server's own idle CPU can be below the 10 ms tick over 2 s)."""
+    results, _, _ = smoke_run
+    for name, entry in results["systems"].items():
+        idle = entry["idle_cpu_pct"]
+        beside = sum(v for r, v in idle.items() if r not in ("engine", "client", "all_but_engine"))
+        assert idle["all_but_engine"] == pytest.approx(beside, abs=0.05), (name, idle)
+        if name == "vllm":
+            assert idle["ray"] == idle["router"] == idle["proxy"] == 0, idle
+        else:
+            assert idle["ray"] > 0 and idle["router"] > 0 and idle["frontend"] > 0, (name, idle)
+
+
 def test_every_system_stopped_cleanly(smoke_run):
     results, _, _ = smoke_run
     for name, entry in results["systems"].items():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.peers import report, scenarios
+from bench.peers import cpu, report, scenarios
 from bench.peers.__main__ import parse_args, workload
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
@@ -193,6 +193,20 @@ def test_markdown_gives_ratios_to_bare_vllm():
     assert "| 1 | TTFT p50 (ms) | 100 | 200 (x2.00) |" in md
     assert "| interactive | TTFT p50 (ms) | 100 | 200 (x2.00) |" in md
     assert "| stopped cleanly | yes | yes |" in md
+
+
+def test_idle_cpu_is_a_share_of_a_core_by_role_and_reported():
+    before = dict.fromkeys(cpu.ROLES, 10.0)
+    after = before | {"engine": 13.0, "router": 10.6, "ray": 11.2, "client": 10.3}
+    share = cpu.share_of_core(before, after, 30.0)
+    assert share["engine"] == 10.0 and share["router"] == 2.0 and share["ray"] == 4.0
+    assert share["all_but_engine"] == 6.0  # neither the engine nor the load generator
+    results = _results()
+    results["systems"]["llmserve"]["idle_cpu_pct"] = share
+    md = report.markdown(results)
+    assert "CPU with no request in flight" in md
+    assert "| all_but_engine | - | 6 |" in md  # bare vLLM not measured in this fixture
+    assert "no request in flight" not in report.markdown(_results())  # older results: no table
 
 
 def test_report_files(tmp_path):
