@@ -1,5 +1,6 @@
 """Results of a run: one JSON (dated, plus a stable `peers_latest.json`), a markdown report in
-which every figure also shows as a ratio to bare vLLM measured in the same run, and two plots."""
+which every figure also shows as a ratio to bare vLLM measured in the same run, and the two
+plots of bench/peers/plots.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peers import cpu, spec
+from bench.peers import cpu, plots
 from bench.peers.spec import BASELINE
 
-LABELS = {**spec.LABELS, "llmserve": "llmserve (this)"}
-ORDER = list(spec.LABELS)
+LABELS = plots.LABELS
 
 
 def write(results: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
@@ -29,8 +29,8 @@ def write(results: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]
     paths["json"].write_text(json.dumps(results, indent=2))
     shutil.copyfile(paths["json"], paths["latest_json"])
     paths["markdown"].write_text(markdown(results))
-    plot_throughput(results, paths["throughput_png"])
-    plot_latency(results, paths["latency_png"])
+    plots.throughput(results, paths["throughput_png"])
+    plots.latency(results, paths["latency_png"])
     return paths
 
 
@@ -236,7 +236,7 @@ def _open_loop_section(r: dict[str, Any]) -> list[str]:
 
 
 def _mixed_section(r: dict[str, Any]) -> list[str]:
-    measured = [r["systems"][s]["mixed"] for s in _systems(r) if r["systems"][s].get("mixed")]
+    measured = [r["systems"][s]["mixed"] for s in plots.systems(r) if r["systems"][s].get("mixed")]
     if not measured:
         return []
     mx, w = measured[0], r["workload"]
@@ -270,7 +270,7 @@ def _mixed_section(r: dict[str, Any]) -> list[str]:
 
 
 def _table(results: dict[str, Any], head: list[str], rows: list[Row]) -> list[str]:
-    systems = _systems(results)
+    systems = plots.systems(results)
     lines = [
         "| " + " | ".join(head + [LABELS.get(s, s) for s in systems]) + " |",
         "|" + "---|" * (len(head) + len(systems)),
@@ -297,11 +297,6 @@ def _fmt(v: Any, unit: str = "") -> str:
     if isinstance(v, float):
         v = f"{v:.3g}" if abs(v) < 10 else f"{v:.0f}"
     return f"{v}{unit}"
-
-
-def _systems(results: dict[str, Any]) -> list[str]:
-    present = results["systems"]
-    return [s for s in ORDER if s in present] + [s for s in present if s not in ORDER]
 
 
 def _lookup(results, system: str, scenario: str, key: str, value: Any, field: str) -> Any:
@@ -331,82 +326,3 @@ def _not_completed(results, system: str, c: int) -> Any:
     done = _lookup(results, system, "sweep", "concurrency", c, "completed")
     total = _lookup(results, system, "sweep", "concurrency", c, "requests")
     return None if done is None else total - done
-
-
-# --------------------------------------------------------------------------------------- plots
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_throughput(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for s in _systems(results):
-        rows = results["systems"][s].get("sweep") or []
-        c = [row["concurrency"] for row in rows]
-        ax1.plot(c, [row["output_throughput"] for row in rows], marker="o", label=LABELS.get(s, s))
-        ax2.plot(c, [row["ttft_p50_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
-    for ax, title, ylabel in (
-        (ax1, "Throughput vs concurrency", "output tokens/s"),
-        (ax2, "TTFT p50 vs concurrency", "ms"),
-    ):
-        _style(ax, title, "concurrent requests (closed loop)", ylabel)
-        _log2_ticks(ax, results["workload"]["concurrencies"], "{:g}")
-    ax2.set_yscale("log")
-    _save(plt, fig, results, path)
-
-
-def plot_latency(results: dict[str, Any], path: Path) -> None:
-    plt = _plt()
-    w = results["workload"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for s in _systems(results):
-        rows = results["systems"][s].get("open_loop") or []
-        x = [row["load_x_capacity"] for row in rows]
-        ax1.plot(x, [row["ttft_p99_ms"] for row in rows], marker="o", label=LABELS.get(s, s))
-        ax2.plot(x, [row["goodput_rps"] for row in rows], marker="o", label=LABELS.get(s, s))
-    ax1.axhline(w["ttft_slo_ms"], color="grey", linestyle="--", linewidth=1, label="TTFT target")
-    for ax, title, ylabel in (
-        (ax1, "TTFT p99 of completed requests vs load", "ms"),
-        (ax2, "Goodput vs load", "requests/s within targets"),
-    ):
-        _style(ax, title, "offered load (x capacity, Poisson)", ylabel)
-        _log2_ticks(ax, w["loads_x_capacity"], "{:g}x")
-    ax1.set_yscale("log")
-    _save(plt, fig, results, path)
-
-
-def _style(ax, title: str, xlabel: str, ylabel: str) -> None:
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize="small")  # a fixed place: "best" is slow to find
-
-
-def _log2_ticks(ax, values: list[float], fmt: str) -> None:
-    """Levels double, so a log2 axis spaces them evenly; ticks at the levels, labelled plainly."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(values, [fmt.format(v) for v in values])
-    ax.minorticks_off()
-
-
-def _save(plt, fig, results: dict[str, Any], path: Path) -> None:
-    m, w = results["machine"], results["workload"]
-    fig.suptitle(
-        f"{results['model']['name']}, {w['input_len']} in / {w['output_len']} out; "
-        f"{m['cpu_model']}, {m['physical_cores']} cores; {results['date']} "
-        f"({results['mode']})",
-        fontsize=8,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
