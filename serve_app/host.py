@@ -17,15 +17,22 @@ CPUINFO = Path("/proc/cpuinfo")
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 x2, aarch64
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU computes bf16 natively; True where it cannot tell (not Linux), so that
-    nothing changes there."""
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """The CPU's feature flags (x86 `flags`, aarch64 `Features`), or None where it cannot tell
+    (not Linux)."""
     if cpuinfo is None:
         if platform.system() != "Linux" or not CPUINFO.exists():
-            return True
+            return None
         cpuinfo = CPUINFO.read_text(errors="replace")
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):  # x86, aarch64
-            return bool(NATIVE_BF16_FLAGS & set(value.split()))
-    return True
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively; True where it cannot tell (not Linux), so that
+    nothing changes there."""
+    flags = cpu_flags(cpuinfo)
+    return True if flags is None else bool(NATIVE_BF16_FLAGS & flags)

@@ -11,6 +11,13 @@ from typing import Any
 import psutil
 
 from bench.peers.spec import ROOT
+from serve_app import host
+
+# The vector extensions that set a CPU engine's speed. This workplace's hosts share a model name
+# ("AMD EPYC") but not these: the same engine args ran ~5x slower per token on the one with AVX2
+# only than on the one with AVX-512 BF16 (float32 against bf16), so every figure of a run
+# depends on them.
+VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu_model() -> str:
@@ -24,9 +31,15 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def vector_extensions(cpuinfo: str | None = None) -> list[str]:
+    flags = host.cpu_flags(cpuinfo) or frozenset()
+    return [x for x in VECTOR_EXTENSIONS if x in flags]
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "cpu_model": cpu_model(),
+        "cpu_vector_extensions": vector_extensions(),
         "logical_cpus": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),

@@ -70,7 +70,8 @@ def _header(r: dict[str, Any]) -> list[str]:
     return [
         f"# Benchmarks against peers ({r['mode']} run, {r['date']})",
         "",
-        f"Machine: {m['cpu_model']}, {m['physical_cores']} cores ({m['logical_cpus']} logical), "
+        f"Machine: {m['cpu_model']}{_extensions(m)}, {m['physical_cores']} cores "
+        f"({m['logical_cpus']} logical), "
         f"{m['ram_gib']} GiB RAM, no GPU; load average at start {r['load_average_start']}, "
         f"at end {r.get('load_average_end')}.",
         f"Versions: vLLM {v['vllm']} ({v['vllm_distribution']}), Ray {v['ray']}, torch "
@@ -84,6 +85,14 @@ def _header(r: dict[str, Any]) -> list[str]:
         "vLLM in this run (for latencies, above 1 is slower).",
         "",
     ]
+
+
+def _extensions(m: dict[str, Any]) -> str:
+    """' (avx2, avx512f)': the CPU's vector extensions, absent from results before they were
+    recorded."""
+    if "cpu_vector_extensions" not in m:
+        return ""
+    return f" ({', '.join(m['cpu_vector_extensions']) or 'no AVX2'})"
 
 
 def _systems_section(r: dict[str, Any]) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.peers import cpu, report, scenarios
+from bench.peers import cpu, machine, report, scenarios
 from bench.peers.__main__ import parse_args, workload
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
@@ -207,6 +207,20 @@ def test_idle_cpu_is_a_share_of_a_core_by_role_and_reported():
     assert "CPU with no request in flight" in md
     assert "| all_but_engine | - | 6 |" in md  # bare vLLM not measured in this fixture
     assert "no request in flight" not in report.markdown(_results())  # older results: no table
+
+
+def test_machine_line_names_the_cpus_vector_extensions():
+    flags = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma {}\n"
+    assert machine.vector_extensions(flags.format("")) == ["avx2"]
+    assert machine.vector_extensions(flags.format("avx512f avx512_bf16")) == [
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+    ]
+    results = _results()
+    results["machine"]["cpu_vector_extensions"] = ["avx2", "avx512f"]
+    assert "Machine: cpu (avx2, avx512f), 2 cores" in report.markdown(results)
+    assert "Machine: cpu, 2 cores" in report.markdown(_results())  # older results: as before
 
 
 def test_report_files(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.host import cpu_has_native_bf16
+from serve_app.host import cpu_flags, cpu_has_native_bf16
 
 X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma {}\n\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd sve {}\nCPU implementer\t: 0x41\n"
@@ -28,3 +28,9 @@ def test_native_bf16_from_cpu_flags(cpuinfo, expected):
 
 def test_this_host_answers():
     assert isinstance(cpu_has_native_bf16(), bool)
+
+
+def test_cpu_flags_are_read_from_either_architectures_line():
+    assert "avx2" in cpu_flags(X86.format(""))
+    assert "sve" in cpu_flags(ARM.format(""))
+    assert cpu_flags("processor\t: 0\n") is None
