@@ -67,10 +67,14 @@ def _peers(doc: dict) -> list[str]:
 
     machine = doc.get("machine") or {}
     dtype = ((doc.get("model") or {}).get("engine_args") or {}).get("dtype", "?")
+    exts = machine.get("cpu_vector_extensions")  # recorded from eea66f2 on
+    cpu = machine.get("cpu_model", "?") + (
+        f" ({', '.join(exts) or 'no AVX2'})" if exts is not None else ""
+    )
     lines = [
         f"Against the peers on the real default model (`make bench`; git "
         f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}, "
-        f"{machine.get('cpu_model', '?')}, {machine.get('logical_cpus', '?')} logical CPUs, "
+        f"{cpu}, {machine.get('logical_cpus', '?')} logical CPUs, "
         f"engine dtype {dtype}), one after the other on that machine:",
         "",
         "| | " + " | ".join(LABELS[n] for n in names) + " |",
