@@ -181,7 +181,10 @@ class LLMServer:
         if self._unhealthy_reason is not None:
             raise RuntimeError(self._unhealthy_reason)
         await self._engine.check_health()
-        if health.needs_probe(self._engine.stats()):
+        since_output_s = time.monotonic() - self._last_output_s
+        if health.needs_probe(
+            self._engine.stats(), since_output_s, self._health.idle_probe_period_s
+        ):
             await self._probe()
 
     async def _probe(self) -> None:
@@ -209,6 +212,7 @@ class LLMServer:
             self._num_probing -= 1
         if call.status != 200:
             raise RuntimeError(f"the one-token probe answered {call.status}: {call.take()[:200]!r}")
+        self._last_output_s = time.monotonic()
 
     async def _watch_engine(self) -> None:
         ticks = 0

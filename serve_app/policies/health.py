@@ -43,7 +43,9 @@ def verdict(stats: EngineStats, stalled_s: float, hang_timeout_s: float) -> Verd
     return Verdict()
 
 
-def needs_probe(stats: EngineStats) -> bool:
+def needs_probe(stats: EngineStats, since_output_s: float, idle_probe_period_s: float) -> bool:
     """An idle engine must still answer a one-token probe; a busy one shows it is alive by its
-    output, which the hang check watches."""
-    return stats.num_unfinished == 0
+    output, which the hang check watches. `since_output_s`: since the engine last produced
+    output (a request's or a probe's) or took a request. Not at every health check: each probe
+    makes vLLM's worker spin for a second after it."""
+    return stats.num_unfinished == 0 and since_output_s >= idle_probe_period_s

@@ -162,8 +162,9 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
     # Other modules load this host far past what a replica sees in service; a probe that gave up
     # after the default 20 s restarted idle engines mid-session (minutes each, failing others).
     health = {"probe_timeout_s": 120}
-    # Every 30 s, not 10: after each one-token probe vLLM's worker spins for a second (its shm
-    # queue's busy loop), ~10% of a core per idle engine at a 10 s period on this 2-core host.
+    # Every 30 s, not 10: fewer health-check calls on a loaded host. (An idle engine's one-token
+    # probe, after which vLLM's worker spins for a second, comes once a minute either way:
+    # health.idle_probe_period_s.)
     checks = {"health_check_timeout_s": 180, "health_check_period_s": 30}
     return {
         "http": {"max_request_body_bytes": MAX_BODY_BYTES},

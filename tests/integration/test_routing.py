@@ -58,8 +58,9 @@ def routing_app(model_dirs) -> dict:
                     "session_affinity": False,
                 },
                 # Tight enough to see a hung engine within a minute, loose enough that a healthy
-                # one on a loaded CI host still answers its one-token probe.
-                "health": {"probe_timeout_s": 10, "hang_timeout_s": 20},
+                # one on a loaded CI host still answers its one-token probe; an idle engine is
+                # probed every 10 s (the default's 60 s would only slow the hang test down).
+                "health": {"probe_timeout_s": 10, "hang_timeout_s": 20, "idle_probe_period_s": 10},
             }
         ],
     }

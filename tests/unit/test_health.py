@@ -54,6 +54,15 @@ def test_client_stats_leave_out_the_probes(case, engine, num_probing, expected):
 
 
 def test_only_an_idle_engine_is_probed():
-    assert needs_probe(stats())
-    assert not needs_probe(stats(running=1))
-    assert not needs_probe(stats(unfinished=1))  # finishing: its output is being watched
+    assert needs_probe(stats(), since_output_s=60.0, idle_probe_period_s=60.0)
+    assert not needs_probe(stats(running=1), since_output_s=600.0, idle_probe_period_s=60.0)
+    # finishing: its output is being watched
+    assert not needs_probe(stats(unfinished=1), since_output_s=600.0, idle_probe_period_s=60.0)
+
+
+def test_an_idle_engine_is_probed_only_when_quiet_for_the_period():
+    """Each probe makes vLLM's worker spin for a second: an engine that answered (a request or
+    a probe) within the period is not probed again."""
+    assert not needs_probe(stats(), since_output_s=59.0, idle_probe_period_s=60.0)
+    assert needs_probe(stats(), since_output_s=61.0, idle_probe_period_s=60.0)
+    assert needs_probe(stats(), since_output_s=0.0, idle_probe_period_s=0.0)  # every check
