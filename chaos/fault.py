@@ -57,6 +57,7 @@ def run_fault(
         "replicas": fault.target,
         "clients": load.num_clients,
         "max_tokens": load.max_tokens,
+        "all_streams": load.all_streams,
         "deadline_s": load.deadline_s,
     }
 

@@ -1,10 +1,12 @@
 """Steady closed-loop load over HTTP, and what became of every request.
 
-Each client sends one request after another until told to stop; every other request streams. Each
-request carries a deadline (`"timeout"` in the body) that the Router enforces, and the client gives
-up only at deadline + margin: a request still unanswered then is a *hang*, the one outcome the
-platform promises never to produce. A failure is *clean* when it is answered the way the API
-promises: an OpenAI-shaped JSON error, or an SSE `error` event followed by `[DONE]`.
+Each client sends one request after another until told to stop; every other request streams (or
+every one, `all_streams`: a stream cut mid-body cannot be retried, so it shows how the requests a
+fault broke are answered). Each request carries a deadline (`"timeout"` in the body) that the
+Router enforces, and the client gives up only at deadline + margin: a request still unanswered
+then is a *hang*, the one outcome the platform promises never to produce. A failure is *clean*
+when it is answered the way the API promises: an OpenAI-shaped JSON error, or an SSE `error`
+event followed by `[DONE]`.
 """
 
 from __future__ import annotations
@@ -58,8 +60,10 @@ class Load:
         max_tokens: int,
         deadline_s: float,
         margin_s: float = 10.0,
+        all_streams: bool = False,
     ) -> None:
         self.url, self.model = url, model
+        self.all_streams = all_streams
         self.num_clients, self.max_tokens = num_clients, max_tokens
         self.deadline_s, self.margin_s = deadline_s, margin_s
         self.results: list[Result] = []
@@ -79,6 +83,7 @@ class Load:
             max_tokens=self.max_tokens,
             deadline_s=self.deadline_s,
             margin_s=self.margin_s,
+            all_streams=self.all_streams,
         )
         self._process = subprocess.Popen(
             [sys.executable, "-m", "chaos.load", json.dumps(params)],
@@ -113,7 +118,7 @@ class Load:
     async def _loop(self, k: int) -> None:
         i = 0
         while not self._stop.is_set():
-            await self.one(stream=(i + k) % 2 == 0)
+            await self.one(stream=self.all_streams or (i + k) % 2 == 0)
             i += 1
 
     async def one(self, stream: bool) -> Result:

@@ -175,6 +175,12 @@ def _replica_death(r: dict) -> dict:
 @pytest.mark.scenario("replica-death-engine")
 def test_engine_death_fails_only_its_in_flight_requests_and_a_new_engine_serves(chaos):
     f = _replica_death(chaos.result("replica-death-engine"))["engine_kill"]
+    figures = {k: v for k, v in f.items() if k != "failures"}
+    print(f"\nengine kill: {figures}")
+    # The load is long streams only, so the dead engine broke some mid-body (a stream it had
+    # not started is retried elsewhere and succeeds): their answers are what is checked above,
+    # and without them that check would hold for nothing.
+    assert f["all_streams"] and f["failed"] >= 1, f
     # A dead engine's replica leaves at once (watchdog), not at the next health check.
     assert f["serve_noticed_s"] < 30
 
