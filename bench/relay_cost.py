@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.peers.machine import cpu_model, vector_extensions
 from bench.private_ray import private_ray
 from bench.relay_load import KEY, LIMITED_KEY, Counter, _burst, _load
 from bench.relay_report import render
@@ -301,8 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         "commit": _git("rev-parse", "--short", "HEAD")
         + ("+dirty" if _git("status", "--porcelain") else ""),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": f"{platform.node()}, {os.cpu_count()} cores, "
-        f"{platform.processor() or platform.machine()}",
+        # The CPU's vector extensions name the host variant: the AVX2-only one ran the whole
+        # path at ~3x the CPU per token of the AVX-512 one (docs/benchmarks.md).
+        "machine": f"{cpu_model()} ({', '.join(vector_extensions()) or 'no AVX2'}), "
+        f"{os.cpu_count()} cores, {platform.machine()}",
         "rate_per_stream": args.rate,
         "max_tokens": args.max_tokens,
         "systems": [],
