@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.peers.machine import cpu_model, vector_extensions
 from bench.private_ray import private_ray
 from bench.relay_load import KEY, LIMITED_KEY, Counter, _burst, _load
 from bench.relay_report import render
@@ -298,6 +297,10 @@ def main(argv: list[str] | None = None) -> None:
                 " (one Ray item per token, the proxy in the path)",
             )
         )
+    # Here, not at the top: `--base` runs this file inside an older tree, whose bench package
+    # may lack the module.
+    from bench.peers.machine import cpu_model, vector_extensions
+
     doc = {
         "commit": _git("rev-parse", "--short", "HEAD")
         + ("+dirty" if _git("status", "--porcelain") else ""),
