@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     # Here, not at the top: `--base` runs this file inside an older tree, whose bench package
     # may lack the module.
-    from bench.peers.machine import cpu_model, vector_extensions
+    from bench.peers.machine import cpu_label, cpu_model, vector_extensions
 
     doc = {
         "commit": _git("rev-parse", "--short", "HEAD")
@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         # The CPU's vector extensions name the host variant: the AVX2-only one ran the whole
         # path at ~3x the CPU per token of the AVX-512 one (docs/benchmarks.md).
-        "machine": f"{cpu_model()} ({', '.join(vector_extensions()) or 'no AVX2'}), "
-        f"{os.cpu_count()} cores, {platform.machine()}",
+        "machine": f"{cpu_label(cpu_model(), vector_extensions())}, {os.cpu_count()} cores, "
+        f"{platform.machine()}",
         "rate_per_stream": args.rate,
         "max_tokens": args.max_tokens,
         "systems": [],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.peers.machine import cpu_label
 from bench.peers.spec import LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,9 +69,7 @@ def _peers(doc: dict) -> list[str]:
     machine = doc.get("machine") or {}
     dtype = ((doc.get("model") or {}).get("engine_args") or {}).get("dtype", "?")
     exts = machine.get("cpu_vector_extensions")  # recorded from eea66f2 on
-    cpu = machine.get("cpu_model", "?") + (
-        f" ({', '.join(exts) or 'no AVX2'})" if exts is not None else ""
-    )
+    cpu = cpu_label(machine.get("cpu_model", "?"), exts)
     lines = [
         f"Against the peers on the real default model (`make bench`; git "
         f"{doc['versions'].get('git_sha', '?')[:10]}, {doc['date']}, "

@@ -36,6 +36,14 @@ def vector_extensions(cpuinfo: str | None = None) -> list[str]:
     return [x for x in VECTOR_EXTENSIONS if x in flags]
 
 
+def cpu_label(model: str, extensions: list[str] | None) -> str:
+    """'AMD EPYC (avx2)': how reports name a run's CPU; no parentheses where the extensions
+    were not recorded (results before eea66f2)."""
+    if extensions is None:
+        return model
+    return f"{model} ({', '.join(extensions) or 'no AVX2'})"
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "cpu_model": cpu_model(),
