@@ -14,8 +14,10 @@ The proxy is HAProxy where it runs, plus Serve's proxy actor.
 Systems, each on a Ray instance of its own, one after another: `this` (the working tree), each
 `--variant NAME:JSON` (this tree with the JSON merged into the model's `deployment:` block, and
 `env` keys as environment of the cluster), and `--base REF` (a git worktree of REF, the commit
-before, on the same load). Results go to bench/results/relay_cost.json, and a table generated
-from it to bench/results/relay_cost.md, stamped with commit, date and machine.
+before, on the same load); with `--floor`, `serve-floor` (bench/serve_floor.py: Serve's ingress
+on the same Ray environment with none of the platform's work, the floor under the Router's
+figures). Results go to bench/results/relay_cost.json, and a table generated from it to
+bench/results/relay_cost.md, stamped with commit, date and machine.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PORT = 18600
 ROLES = ("proxy", "router", "replica", "controller", "ray_other")
+FLOOR = "serve-floor"
 
 
 # ------------------------------------------------------------------------------ the processes
@@ -109,7 +112,17 @@ def run_one(args) -> dict:
         and importlib.util.find_spec("serve_app.ray_env") is not None,
         env=json.loads(args.env),  # a variant's own settings win
     ) as ray_app:
-        ray_app.deploy(_app_args(args.rate, json.loads(args.extra)), name="relay")
+        if args.floor:
+            from ray import serve
+
+            from bench.serve_floor import floor_app
+            from serve_app.config import DeploymentOptions
+
+            flush_ms = DeploymentOptions.model_fields["stream_flush_ms"].default
+            app = floor_app(LIMITED_KEY, args.rate, args.max_tokens, flush_ms / 1000)
+            serve.run(app, name="relay", route_prefix="/")
+        else:
+            ray_app.deploy(_app_args(args.rate, json.loads(args.extra)), name="relay")
         return _measure(args)
 
 
@@ -175,7 +188,7 @@ def _measure(args) -> dict:
 # ------------------------------------------------------------------------------ the whole run
 
 
-def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
+def _child(tree: Path, args, extra: dict, env: dict[str, str], floor: bool = False) -> dict:
     # This file as a script, the tree's own code on the path: a base commit need not have it.
     # `bench` is a namespace package: a module the tree lacks (private_ray, relay_load) comes
     # from the installed checkout.
@@ -197,6 +210,7 @@ def _child(tree: Path, args, extra: dict, env: dict[str, str]) -> dict:
         str(args.refusals),
         "--streams",
         *map(str, args.streams),
+        *(["--floor"] if floor else []),
     ]
     out = subprocess.run(
         cmd,
@@ -254,6 +268,11 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help='NAME:{"deployment": {...}, "env": {...}, "what": "..."}',
     )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="add `serve-floor`: Serve's ingress with none of the platform's work",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "relay_cost.json")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--extra", default="{}", help=argparse.SUPPRESS)
@@ -281,6 +300,19 @@ def main(argv: list[str] | None = None) -> None:
                 spec.get("deployment", {}),
                 spec.get("env", {}),
                 spec.get("what", json.dumps(spec)),
+            )
+        )
+    if args.floor:
+        systems.append(
+            (
+                FLOOR,
+                ROOT,
+                {},
+                {},
+                "the floor, not a platform: one FastAPI ingress on the same Ray environment "
+                "(bench/serve_floor.py) that refuses the limited key with a static 429 before "
+                "routing and streams tokens it makes itself at the same rate and flush "
+                "interval; no Ray hop, engine, key lookup, bucket, span, log line or metric",
             )
         )
     worktree = None
@@ -320,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.repeat):
             for name, tree, extra, env, _ in systems:
                 print(f"== {name} ({rep + 1}/{args.repeat})", file=sys.stderr)
-                result = _child(tree, args, extra, env)
+                result = _child(tree, args, extra, env, floor=name == FLOOR)
                 raw[name] += result["runs"]
                 if result.get("refusals"):
                     bursts[name].append(result["refusals"])
