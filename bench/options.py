@@ -57,7 +57,7 @@ def main() -> None:
         f"{name}:" + json.dumps({"deployment": d, "env": e, "what": what})
         for name, (d, e, what) in OPTIONS.items()
     ]
-    args = sys.argv[1:] + ["--base", BASE, "--floor"]
+    args = sys.argv[1:] + ["--base", BASE]
     for v in variants:
         args += ["--variant", v]
     relay_cost.main(args)

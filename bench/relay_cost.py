@@ -371,8 +371,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(render(doc))
-    if args.out.resolve() == (RESULTS / "relay_cost.json").resolve():
+    args.out.with_suffix(".md").write_text(render(doc, args.out.name))
+    if args.out.resolve().parent == RESULTS.resolve():  # relay_cost.json, relay_floor.json
         from bench import summary
 
         summary.update_readme()

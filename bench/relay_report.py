@@ -4,11 +4,11 @@ refusal bursts and what each option is (bench.relay_cost and bench.options write
 from __future__ import annotations
 
 
-def render(doc: dict) -> str:
+def render(doc: dict, source: str = "relay_cost.json") -> str:
     lines = [
         "# Relay cost at GPU rates (`python -m bench.relay_cost`)",
         "",
-        f"Generated from relay_cost.json: commit {doc['commit']}, {doc['date']}, "
+        f"Generated from {source}: commit {doc['commit']}, {doc['date']}, "
         f"{doc['machine']}. Simulated engine, {doc['rate_per_stream']:g} tokens/s per stream, "
         f"{doc['max_tokens']}-token streamed completions; CPU per delivered token over the "
         "middle half of each run (ms), median of the rounds (systems interleaved). `path` = "

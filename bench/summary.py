@@ -57,6 +57,30 @@ def _relay(doc: dict) -> list[str]:
     return lines
 
 
+def _floor(doc: dict) -> list[str]:
+    """One sentence: Serve's ingress with none of the platform's work, beside the platform."""
+    by_name = {s["name"]: s for s in doc["systems"]}
+    floor, this = by_name.get("serve-floor"), by_name.get("this")
+    if floor is None or this is None:
+        return []
+
+    def refusal(s: dict) -> str:
+        return " / ".join(f"{b['cpu_ms_per_request_path']:.2f}" for b in s["refusals"])
+
+    def token(s: dict) -> str:
+        return ", ".join(
+            f"{r['cpu_ms_per_token']['router']:.3f} at {r['streams']}" for r in s["runs"]
+        )
+
+    return [
+        "Ray Serve's ingress with none of the platform's work in it (`python -m "
+        "bench.relay_cost --floor --out bench/results/relay_floor.json`, `serve-floor`; commit "
+        f"{doc['commit']}, {doc['date']}, {doc['machine']}): a refusal {refusal(floor)} ms of "
+        f"proxy + ingress CPU by round (the platform: {refusal(this)}), a streamed token "
+        f"{token(floor)} streams in the ingress (the platform's Router: {token(this)})."
+    ]
+
+
 def _peers(doc: dict) -> list[str]:
     systems = doc["systems"]
     names = [n for n in LABELS if n in systems]
@@ -163,6 +187,7 @@ def render() -> str:
     parts = []
     for name, fn in (
         ("relay_cost.json", _relay),
+        ("relay_floor.json", _floor),
         ("peers_latest.json", _peers),
         ("prefix_routing.json", _prefix),
     ):

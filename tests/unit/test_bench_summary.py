@@ -29,3 +29,14 @@ def test_a_result_names_the_command_that_reproduces_it():
     assert command(workload) == (
         "python -m bench.prefix_routing --sessions 8 --think-s 4.0 --replica-cores 0 1"
     )
+
+
+def test_the_floor_line_comes_from_its_results_file():
+    doc = json.loads((summary.RESULTS / "relay_floor.json").read_text())
+    (line,) = summary._floor(doc)
+    floor = next(s for s in doc["systems"] if s["name"] == "serve-floor")
+    for burst in floor["refusals"]:
+        assert f"{burst['cpu_ms_per_request_path']:.2f}" in line
+    for run in floor["runs"]:
+        assert f"{run['cpu_ms_per_token']['router']:.3f} at {run['streams']}" in line
+    assert doc["commit"] in line and doc["machine"] in line
