@@ -90,6 +90,9 @@ def fault_figures(
         "failed_started_after_fault": sum(1 for r in bad if r.start_s > t_dead),
         # How long the requests the fault broke waited for their answer (an error).
         "last_failure_answered_s": since(max((r.end_s for r in bad), default=None), t_fault),
+        # The same from the moment the killed process was gone: what the platform can act on
+        # (the kernel took 9.7 s to end a SIGKILL'd engine on a loaded 2-core host once).
+        "last_failure_after_death_s": since(max((r.end_s for r in bad), default=None), t_dead),
         "serve_noticed_s": since(t_noticed, t_fault),
         "capacity_back_s": since(t_back, t_fault),
         "ok_per_s_before": round(ok_rate(results, t0 + 2, t_fault), 2),

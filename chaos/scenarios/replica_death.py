@@ -67,13 +67,42 @@ def _kill_actor(deployment: str):
     return choose
 
 
+def _cpu_s(p: psutil.Process) -> float:
+    """CPU seconds of a process and its descendants (an engine core's workers, if any)."""
+    total = 0.0
+    try:
+        for q in [p, *p.children(recursive=True)]:
+            t = q.cpu_times()
+            total += t.user + t.system
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def busiest_engine(watch: ReplicaWatch, window_s: float = 1.0) -> tuple[str, int]:
+    """The LLMServer replica whose engine works hardest now, and its engine's pid: the
+    replica's child process that spent the most CPU (with its children) over `window_s`.
+    Asking the deployment handle for `stats` does not name it: the request router picks the
+    replica for that call by its own score, and once picked the idle one, so the kill broke
+    no stream."""
+    children = {}
+    for replica_id in watch.latest().ids[LLM_TINY]:
+        _, pid = replica_actor(APP, LLM_TINY, replica_id)
+        children[replica_id] = psutil.Process(pid).children()
+    before = {p.pid: _cpu_s(p) for kids in children.values() for p in kids}
+    time.sleep(window_s)
+    used = {p.pid: _cpu_s(p) - before[p.pid] for kids in children.values() for p in kids}
+    replica_id, pid = max(
+        ((r, p.pid) for r, kids in children.items() for p in kids), key=lambda rp: used[rp[1]]
+    )
+    return replica_id, pid
+
+
 def _kill_engine(cluster: ChaosCluster):
     def choose(watch: ReplicaWatch):
-        handle = serve.get_deployment_handle(LLM_TINY, app_name=APP)
-        stats = handle.stats.remote().result(timeout_s=30)
-        victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
+        victim, pid = busiest_engine(watch)
         # Never signal a process that is not ours (pids are reused; others share this host).
-        assert pid and cluster.owns(pid), f"engine pid {pid} is not a process of this cluster"
+        assert cluster.owns(pid), f"engine pid {pid} is not a process of this cluster"
 
         def kill() -> None:
             os.kill(pid, signal.SIGKILL)

@@ -161,10 +161,11 @@ def _replica_death(r: dict) -> dict:
         _answered(f, unclean_allowed=router, grace_s=ROUTER_GONE_GRACE_S if router else 0.0)
         # The broken requests hear so within seconds: the dead engine's are told by their
         # replica once its watchdog sees the engine dead (an error item; an exception took
-        # 10-20 s to arrive, docs/operations.md), a dead actor's by Ray. The engine's death
-        # itself takes seconds to surface on busy cores: 5.8 s in one CI run (load 2.4).
+        # 10-20 s to arrive, docs/operations.md), a dead actor's by Ray. Counted from the
+        # moment the killed process was gone: the kernel alone took 9.7 s to end a SIGKILL'd
+        # engine on the loaded 2-core AVX2 host once (its streams were told 0.04 s later).
         if f["failed"]:
-            assert f["last_failure_answered_s"] < 8, (name, f["failures"])
+            assert f["last_failure_after_death_s"] < 8, (name, f["failures"])
         assert f["serve_noticed_s"] is not None, f"{name}: Serve never saw a replica missing"
         assert f["capacity_back_s"] is not None, f"{name}: capacity not back"
         assert f["ok_per_s_until_back"] > 0, f"{name}: nothing served while a replica was down"

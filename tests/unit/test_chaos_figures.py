@@ -210,3 +210,5 @@ def test_a_fault_lasts_until_the_killed_process_is_gone():
     assert f["fault_took_s"] == 0.05
     assert f["in_flight_at_fault"] == 2 and f["failed_in_flight_at_fault"] == 2
     assert f["failed_started_after_fault"] == 1
+    # How long the broken requests waited, from the kill and from the exit.
+    assert (f["last_failure_answered_s"], f["last_failure_after_death_s"]) == (0.5, 0.45)
