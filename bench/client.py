@@ -59,6 +59,7 @@ class Reply:
     replica: str | None = None  # x-replica (apps with http.debug_headers)
     route: str | None = None  # x-route (the same)
     retry_after: str | None = None  # Retry-After
+    refused_by: str | None = None  # x-llmserve-refused-by: "shield" where HAProxy refused it
     body: bytes = b""  # a reply that did not stream: the JSON answer or error
     sse_error: str | None = None  # the data of a stream's error (the Router's `error` event,
     # or vLLM's data chunk with an "error"), the last if several
@@ -112,6 +113,7 @@ def _head(r: Reply, resp: httpx.Response) -> None:
     r.replica = resp.headers.get("x-replica")
     r.route = resp.headers.get("x-route")
     r.retry_after = resp.headers.get("retry-after")
+    r.refused_by = resp.headers.get("x-llmserve-refused-by")
 
 
 async def _read_stream(r: Reply, resp: httpx.Response) -> None:

@@ -43,6 +43,12 @@ OPTIONS = {
         "rejected: gRPC between deployments halves the per-item cost, but the Python "
         "proxy stays in the path",
     ),
+    "no-shield": (
+        {},
+        {"LLMSERVE_SHIELD_DIR": ""},
+        "rejected: without HAProxy's shield (serve_app/shield.py) every refusal of a flood is "
+        "the Router's, at about ten times the CPU",
+    ),
     "direct-no-haproxy": (
         {},
         {"RAY_SERVE_ENABLE_HA_PROXY": "0", "BENCH_CLIENT_PORT": "30000"},

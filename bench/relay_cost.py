@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
             ROOT,
             {},
             {},
-            "kept: this tree's defaults (HAProxy, throughput-optimized Serve, stream_flush_ms 50)",
+            "kept: this tree's defaults (HAProxy with the shield, throughput-optimized Serve, "
+            "stream_flush_ms 50)",
         )
     ]
     for v in args.variant:

@@ -45,30 +45,41 @@ async def _one(host: str, port: int, body: bytes, counter: Counter) -> None:
     counter.requests += 1
 
 
-async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
-    """n requests at once from the rate-limited tenant: each one's latency, and the statuses."""
-    body = json.dumps({"model": "sim", "prompt": "hello", "max_tokens": 16}).encode()
+async def burst(
+    port: int, n: int, key: str = LIMITED_KEY, body: dict | None = None
+) -> list[tuple[float, bytes]]:
+    """n POSTs of `body` to /v1/completions at once with `key`: each one's latency and whole
+    response. Connections first, then every request in one go: the burst is the requests, not
+    the handshakes (a flood's clients run on machines of their own)."""
+    payload = json.dumps(body or {"model": "sim", "prompt": "hello", "max_tokens": 16}).encode()
     head = (
         b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-        b"\r\nAuthorization: Bearer " + LIMITED_KEY.encode() + b"\r\nConnection: close\r\n"
-        b"Content-Length: %d\r\n\r\n" % len(body)
+        b"\r\nAuthorization: Bearer " + key.encode() + b"\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(payload)
     )
-    # Connections first, then every request in one go: the burst is the requests, not the
-    # handshakes.
     conns = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
-    statuses: dict[int, int] = {}
 
-    async def one(reader, writer) -> float:
+    async def one(reader, writer) -> tuple[float, bytes]:
         t0 = time.monotonic()
-        writer.write(head + body)
+        writer.write(head + payload)
         data = await reader.read()
         writer.close()
-        status = int(data[9:12]) if data[:5] == b"HTTP/" else 0
-        statuses[status] = statuses.get(status, 0) + 1
-        return time.monotonic() - t0
+        return time.monotonic() - t0, data
 
-    latencies = await asyncio.gather(*(one(r, w) for r, w in conns))
-    return sorted(latencies), statuses
+    return await asyncio.gather(*(one(r, w) for r, w in conns))
+
+
+def status_of(response: bytes) -> int:
+    return int(response[9:12]) if response[:5] == b"HTTP/" else 0
+
+
+async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
+    """n requests at once from the rate-limited tenant: each one's latency, and the statuses."""
+    replies = await burst(port, n)
+    statuses: dict[int, int] = {}
+    for _, data in replies:
+        statuses[status_of(data)] = statuses.get(status_of(data), 0) + 1
+    return sorted(latency for latency, _ in replies), statuses
 
 
 async def _load(port: int, streams: int, max_tokens: int, end_s: float, counter: Counter):

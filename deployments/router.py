@@ -37,7 +37,7 @@ from deployments.request_path import (
     outcome_of,
     unless_disconnected,
 )
-from serve_app import openapi_docs, tracing
+from serve_app import openapi_docs, shield, tracing
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import OpenAIError, parse_json_body
@@ -72,6 +72,16 @@ class Router:
         self._handles = llm_handles
         self._created = int(time.time())
         self._directory = TenantDirectory(self._config, os.environ)
+        try:
+            shield_map = shield.publish(
+                self._directory,
+                self._config.admission.shield_factor,
+                serve.get_replica_context().app_name,
+                os.environ,
+            )
+            logger.info("shield's map for HAProxy: %s", shield_map)
+        except OSError as e:  # the Router serves on; its own buckets refuse the floods
+            logger.warning("HAProxy's shield is off: %s", e)
         self._gate = Gate(self._config, self._directory.tenants, self._config.router.num_replicas)
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())

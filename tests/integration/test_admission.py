@@ -4,14 +4,17 @@ max_tokens cap. Under load (a flood, the priority queue, deadlines): test_admiss
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
 
 from bench.client import send
+from bench.relay_load import burst, status_of
 from tests.integration.conftest import (
     CALL_TIMEOUT_S,
     DEFAULT,
+    KEYS,
     SIM_PREFIX,
     SIM_RATE_PER_S,
     TINY,
@@ -89,6 +92,35 @@ def test_max_tokens_above_cap_is_clamped_and_said(http):
     assert r.status_code == 200, r.text
     assert r.headers["x-max-tokens-clamped"] == "100->16"
     assert r.json()["usage"]["completion_tokens"] == 16
+
+
+def test_a_flood_from_one_key_is_refused_within_a_second_at_the_door(base_url):
+    """400 requests at once from `limited` (0.5/s, burst 2): HAProxy's shield (serve_app/
+    shield.py) refuses what is past twice the bucket's second, the Router the rest of the
+    excess; every refusal is answered within a second, the admitted ones are served. The
+    client is bench.relay_cost's raw one, connections opened first: what is timed is the
+    serving path, not 400 httpx clients on the same two cores."""
+    time.sleep(4)  # the bucket full again after the tests above
+    num_requests = 400
+    body = {"model": DEFAULT, "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
+    port = httpx.URL(base_url).port
+    replies = asyncio.run(burst(port, num_requests, KEYS["limited"], body))
+    served = [data for _, data in replies if status_of(data) == 200]
+    refused = sorted(latency for latency, data in replies if status_of(data) == 429)
+    by_shield = sum(1 for _, data in replies if b"x-llmserve-refused-by: shield" in data)
+    p99_ms = 1000 * refused[int(0.99 * (len(refused) - 1))]
+    print(
+        f"\n{num_requests} at once from `limited`: {len(served)} served, {len(refused)} x 429 "
+        f"({by_shield} by the shield), refusals p99 {p99_ms:.0f} ms"
+    )
+    assert len(served) + len(refused) == num_requests
+    assert 1 <= len(served) <= 4
+    for data in served:
+        assert json.loads(data.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 4
+    assert p99_ms < 1000
+    # Without the shield the Router refuses every one of them, at ~2 ms of its CPU each.
+    assert by_shield >= num_requests - 10
+    time.sleep(4)  # the bucket full again for the tests after this one
 
 
 def test_rate_limit_holds_across_two_router_replicas(base_url):

@@ -1,0 +1,155 @@
+"""The shield: HAProxy refuses a tenant's flood before it reaches a Router.
+
+Why: a 429 from the Router costs ~2 ms of CPU on the 2-core AVX2 host, and Ray Serve's ingress
+with nothing in it already ~1.2-1.4 ms (bench/results/relay_floor.md): a flood of refusals
+takes the Router's core, whatever the Router does. HAProxy, which runs in front of the Routers
+(serve_app/ray_env.py), refuses in C for a small fraction of that.
+
+How: each Router replica writes, as it starts, its app's map of sha256(API key) -> the key's
+limit, and the HAProxy rules (`publish`); serve_app/haproxy_loopback.sh merges the apps' maps
+and splices the rules into the config Ray writes, each time HAProxy (re)starts, which Ray does
+once the Router's replica is up. HAProxy counts, per key, the POSTs it lets through over a
+sliding second (a stick-table's `gpc0_rate`) and answers an OpenAI-shaped 429 once a key has
+reached its limit.
+
+Coarse by design, never stricter than the tenant's bucket: a key's limit is `shield_factor`
+times the most its requests bucket can admit in a second (burst + rate x 1 s), and each HAProxy
+(one per node) counts alone; the Router's exact bucket still refuses whatever of a flood gets
+through. Keys with no request rate are not tracked; a wrong key passes, for the Router's 401.
+Refusals here are HAProxy's: Serve's own HTTP metrics (made from HAProxy's log) count them as
+the app's 429s, but there is no trace, no Router metric and no access-log line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve_app.config import TenantConfig
+from serve_app.openai_protocol import OpenAIError
+from serve_app.ray_env import SHIELD_DIR_ENV
+from serve_app.tenancy import TenantDirectory
+
+ANONYMOUS = "anonymous"  # what HAProxy tracks a request without an Authorization header as
+WINDOW_S = 1.0  # HAProxy's rate period
+
+REFUSAL = OpenAIError(
+    429,
+    "Rate limit reached for requests of this API key: too many at once. Retry after 1 s.",
+    code="rate_limit_exceeded",
+)
+
+
+@dataclass(frozen=True)
+class KeyLimit:
+    """What HAProxy knows of a key: its limit, and for the 429's headers its tenant's name and
+    configured burst (the Router's `x-ratelimit-limit-requests`)."""
+
+    limit: int  # POSTs a second HAProxy lets through
+    burst: int
+    tenant: str
+
+
+def key_limits(directory: TenantDirectory, factor: float) -> dict[str, KeyLimit]:
+    """sha256 hex of each key (or ANONYMOUS) -> its KeyLimit; keys without a request rate are
+    left out.
+
+    `factor` >= 2 keeps the shield from refusing what the bucket admits: the bucket admits at
+    most burst + rate x T in any T seconds, and HAProxy's rate over a second can count up to
+    two seconds' worth (the last period whole at the start of the next)."""
+
+    def limit(t: TenantConfig) -> KeyLimit | None:
+        r = t.rate_limits
+        if r.requests_per_s is None:
+            return None
+        burst = r.max_burst_requests or max(1.0, r.requests_per_s)
+        n = math.ceil(factor * (burst + r.requests_per_s * WINDOW_S))
+        return KeyLimit(n, round(burst), t.name)
+
+    limits = {d: k for d, t in directory.key_digests() if (k := limit(t)) is not None}
+    if directory.anonymous is not None and (k := limit(directory.anonymous)) is not None:
+        limits[ANONYMOUS] = k
+    return limits
+
+
+def map_text(limits: dict[str, KeyLimit]) -> str:
+    return "".join(f"{d} {k.limit} {k.burst} {k.tenant}\n" for d, k in sorted(limits.items()))
+
+
+def rules(map_path: str) -> str:
+    """Lines for HAProxy's API frontend, before it picks a backend (the wrapper puts them)."""
+    refusal = json.dumps(REFUSAL.body(), separators=(",", ":"))  # single-quoted below
+    k, entry, lim, over = (
+        "txn.llmserve_key",
+        "txn.llmserve_entry",
+        "txn.llmserve_limit",
+        "txn.llmserve_over",
+    )
+    has_auth = "{ req.hdr(authorization) -m found }"
+    has_key, known = f"{{ var({k}) -m found }}", f"{{ var({entry}) -m found }}"
+    return "\n".join(
+        [
+            "    # llmserve-shield (serve_app/shield.py): a key's requests over its limit",
+            "    stick-table type string len 64 size 10k expire 30s store gpc0,gpc0_rate(1s)",
+            f"    http-request set-var({k}) req.hdr(authorization),word(2,' '),sha2(256),hex,"
+            f"lower if METH_POST {has_auth}",
+            f"    http-request set-var({k}) str({ANONYMOUS}) if METH_POST !{has_auth}",
+            f"    http-request set-var({entry}) var({k}),map({map_path}) if {has_key}",
+            f"    http-request set-var({lim}) var({entry}),word(1,' '),add(0) if {known}",
+            f"    http-request track-sc0 var({k}) if {known}",
+            f"    http-request set-var({over}) sc_gpc0_rate(0),sub({lim}) if {known}",
+            "    http-request return status 429 content-type application/json hdr retry-after 1 "
+            f"hdr x-ratelimit-limit-requests %[var({entry}),word(2,' ')] "
+            "hdr x-ratelimit-remaining-requests 0 hdr x-ratelimit-reset-requests 1s "
+            f"hdr x-llmserve-tenant %[var({entry}),word(3,' ')] "
+            f"hdr x-llmserve-refused-by shield string '{refusal}' "
+            f"if {{ var({over}) -m int ge 0 }}",
+            f"    http-request sc-inc-gpc0(0) if {known}",
+            "",
+        ]
+    )
+
+
+def publish(
+    directory: TenantDirectory, factor: float, app: str, environ: Mapping[str, str]
+) -> Path | None:
+    """What a Router does as it starts: leave this app's map, and the rules, where this
+    cluster's HAProxy looks (the map removed when there is nothing to shield). The wrapper
+    merges the apps' maps, adding up the limits of a key that several apps know. Returns the
+    map's path, None where the environment names no folder."""
+    folder = environ.get(SHIELD_DIR_ENV)
+    if not folder:
+        return None
+    _own_folder(Path(folder))
+    limits = key_limits(directory, factor) if factor else {}
+    app_map = Path(folder, "apps", re.sub(r"[^A-Za-z0-9._-]", "_", app) + ".map")
+    if limits:
+        _replace(app_map, map_text(limits))
+    else:
+        app_map.unlink(missing_ok=True)
+    _replace(Path(folder, "rules.cfg"), rules(str(Path(folder, "shield.map"))))
+    return app_map
+
+
+def _own_folder(folder: Path) -> None:
+    """The folder, made ours alone: HAProxy runs what the rules say, so a folder in /tmp that
+    another user made (and could write to) is refused, not written into."""
+    (folder / "apps").mkdir(mode=0o700, parents=True, exist_ok=True)
+    for f in (folder, folder / "apps"):
+        st = f.lstat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(f"{f} is not a folder of this user's alone: not writing there")
+
+
+def _replace(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:  # mkstemp's 0600: the map is digests of keys
+        f.write(text)
+    os.replace(tmp, path)
