@@ -78,7 +78,8 @@ async def _burst(port: int, n: int) -> tuple[list[float], dict[int, int]]:
     replies = await burst(port, n)
     statuses: dict[int, int] = {}
     for _, data in replies:
-        statuses[status_of(data)] = statuses.get(status_of(data), 0) + 1
+        status = status_of(data)
+        statuses[status] = statuses.get(status, 0) + 1
     return sorted(latency for latency, _ in replies), statuses
 
 
