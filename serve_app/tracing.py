@@ -63,6 +63,7 @@ class JsonLinesSpanExporter(SpanExporter):
                         "start_ns": s.start_time,
                         "end_ns": s.end_time,
                         "attributes": dict(s.attributes or {}),
+                        "events": [{"name": e.name, "ns": e.timestamp} for e in s.events],
                     }
                 )
             )

@@ -205,3 +205,25 @@ def test_lifespan_still_reaches_the_app():
     with TestClient(app) as c:
         assert c.get("/whoami").status_code == 200
     assert started == [True]
+
+
+def test_file_exporter_writes_each_span_with_its_events(tmp_path):
+    """The file exporter's lines carry the span's events (the replica's `first_token`), so a
+    one-stream latency can be split by span from the file alone (docs/benchmarks.md)."""
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from serve_app.tracing import JsonLinesSpanExporter
+
+    path = tmp_path / "spans.jsonl"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(str(path))))
+    with provider.get_tracer("t").start_as_current_span("llmserver.generate") as span:
+        span.add_event("first_token")
+    (line,) = path.read_text().splitlines()
+    written = json.loads(line)
+    assert written["name"] == "llmserver.generate"
+    assert [e["name"] for e in written["events"]] == ["first_token"]
+    assert written["start_ns"] <= written["events"][0]["ns"] <= written["end_ns"]
