@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers import cpu, plots
+from bench.peers.machine import cpu_label
 from bench.peers.spec import BASELINE
 
 LABELS = plots.LABELS
@@ -70,7 +71,8 @@ def _header(r: dict[str, Any]) -> list[str]:
     return [
         f"# Benchmarks against peers ({r['mode']} run, {r['date']})",
         "",
-        f"Machine: {m['cpu_model']}{_extensions(m)}, {m['physical_cores']} cores "
+        f"Machine: {cpu_label(m['cpu_model'], m.get('cpu_vector_extensions'))}, "
+        f"{m['physical_cores']} cores "
         f"({m['logical_cpus']} logical), "
         f"{m['ram_gib']} GiB RAM, no GPU; load average at start {r['load_average_start']}, "
         f"at end {r.get('load_average_end')}.",
@@ -85,14 +87,6 @@ def _header(r: dict[str, Any]) -> list[str]:
         "vLLM in this run (for latencies, above 1 is slower).",
         "",
     ]
-
-
-def _extensions(m: dict[str, Any]) -> str:
-    """' (avx2, avx512f)': the CPU's vector extensions, absent from results before they were
-    recorded."""
-    if "cpu_vector_extensions" not in m:
-        return ""
-    return f" ({', '.join(m['cpu_vector_extensions']) or 'no AVX2'})"
 
 
 def _systems_section(r: dict[str, Any]) -> list[str]:
