@@ -25,7 +25,6 @@ import collections
 import json
 import random
 import statistics
-import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -89,12 +88,6 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=80)
@@ -107,7 +100,7 @@ def main() -> None:
     import httpx
 
     from bench.peers import systems
-    from bench.peers.machine import cpu_label, cpu_model, vector_extensions
+    from bench.peers.machine import commit_stamp, cpu_label, cpu_model, vector_extensions
     from bench.peers.spec import TENANTS, resolve_model
 
     work = Path(f"/tmp/llmserve-first-token-{args.port}")
@@ -122,8 +115,7 @@ def main() -> None:
     config_path = work / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     doc: dict[str, Any] = {
-        "commit": _git("rev-parse", "--short", "HEAD")
-        + ("+dirty" if _git("status", "--porcelain") else ""),
+        "commit": commit_stamp(),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "machine": f"{cpu_label(cpu_model(), vector_extensions())}",
         "requests": args.requests,

@@ -84,6 +84,12 @@ def versions() -> dict[str, Any]:
     }
 
 
+def commit_stamp() -> str:
+    """'1570054' or '1570054+dirty': the commit a results file was measured at."""
+    sha = _git("rev-parse", "--short", "HEAD") or "?"
+    return sha + ("+dirty" if _git("status", "--porcelain") else "")
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
