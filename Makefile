@@ -74,8 +74,8 @@ integration: install prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 # This platform vs Ray Serve LLM vs bare vLLM, one after the other on this machine, then four
-# more rounds of the 16- and 64-stream sweep in alternating order, whose median ratio the README
-# gives (about 50 minutes on the 2-core AVX-512 host, over an hour on the AVX2 one: three rounds'
+# more rounds of the 1-, 16- and 64-stream sweep in alternating order, whose median ratios the
+# README gives (about an hour on the 2-core AVX-512 hosts, longer on the AVX2 one: three rounds'
 # medians moved by 0.16 between two runs an hour apart, docs/benchmarks.md); results in
 # bench/results/peers_latest.{json,md,*.png}. Stop `make serve` first: the systems need the
 # cores to themselves.

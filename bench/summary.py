@@ -133,6 +133,14 @@ def _peers(doc: dict) -> list[str]:
             f"streams (the order reversed in every other round; bench/results/peers_latest.md): "
             f"{', '.join(medians)}.",
         ]
+        ttft = {n: x for n, x in across.get("ttft", {}).items() if n in names}
+        firsts = [
+            f"{LABELS[n]} x{x['median_ratio']:.2f} ({x['median_diff_ms']:+.1f} ms)"
+            for n, x in ttft.items()
+            if x["median_ratio"] is not None
+        ]
+        if firsts:
+            lines[-1] += f" TTFT p50 at one stream, the median of the rounds': {', '.join(firsts)}."
     return lines
 
 

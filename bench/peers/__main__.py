@@ -3,9 +3,10 @@ stop it, and write the report. See bench/peers/__init__.py and docs/benchmarks.m
 
 Systems run one at a time, in the order llmserve, ray-serve-llm, vllm: the open-loop loads are
 multiples of llmserve's capacity, so it is measured first. `--rounds N` adds N - 1 rounds of the
-sweep at 16 and 64 streams, the order reversed in every other round, and reports the median of
-each round's ratio (bench/peers/rounds.py). Exit status 1 when a system failed to
-start, to be measured or to stop cleanly (the report is written anyway).
+sweep at 1, 16 and 64 streams, the order reversed in every other round, and reports the median of
+each round's ratio, of tokens/s at 16 and 64 streams and of TTFT at one (bench/peers/rounds.py).
+Exit status 1 when a system failed to start, to be measured or to stop cleanly (the report is
+written anyway).
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="rounds in all: each after the first starts every system again for a sweep at "
-        f"{' and '.join(map(str, rounds.LEVELS))} streams, in the other order; the report gives "
-        "the median of the rounds' ratios",
+        f"{', '.join(map(str, (rounds.TTFT_LEVEL, *rounds.LEVELS)))} streams, in the other "
+        "order; the report gives the median of the rounds' ratios (tokens/s, one stream's TTFT)",
     )
     return p.parse_args(argv)
 
@@ -213,9 +214,11 @@ def run_system(
 
 
 def run_rounds(args, model: Model, w: Workload, order, capacity, work_dir: Path, results) -> None:
-    """Rounds 2..N: every system again, a sweep at rounds.LEVELS, the order alternating; the
-    entries go to results["rounds"] and the medians to results["across_rounds"]."""
-    levels = tuple(c for c in w.concurrencies if c in rounds.LEVELS) or w.concurrencies
+    """Rounds 2..N: every system again, a sweep at one stream and rounds.LEVELS, the order
+    alternating; the entries go to results["rounds"] and the medians to
+    results["across_rounds"]."""
+    compared = (rounds.TTFT_LEVEL, *rounds.LEVELS)
+    levels = tuple(c for c in w.concurrencies if c in compared) or w.concurrencies
     w_round = with_overrides(w, concurrencies=levels, idle_window_s=0.0)  # round 1 has it
     results["rounds"] = []
     for number in range(2, args.rounds + 1):
@@ -237,7 +240,9 @@ def run_rounds(args, model: Model, w: Workload, order, capacity, work_dir: Path,
         # After every round, so that a run cut short still reports the rounds it finished.
         sweeps = [{n: e.get("sweep") for n, e in results["systems"].items()}]
         sweeps += [{n: e.get("sweep") for n, e in r["systems"].items()} for r in results["rounds"]]
-        results["across_rounds"] = rounds.summarize(sweeps, BASELINE, levels)
+        results["across_rounds"] = rounds.summarize(
+            sweeps, BASELINE, tuple(c for c in levels if c in rounds.LEVELS) or levels
+        )
 
 
 def _terminate(signum, frame) -> None:

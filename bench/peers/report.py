@@ -157,6 +157,28 @@ def _rounds_section(r: dict[str, Any]) -> list[str]:
                 f"| {c} | {name} | {tps} | {x['median_output_throughput'] or '-'} | {ratios} | "
                 f"{median} |"
             )
+    return [*lines, "", *_ttft_rows(across)]
+
+
+def _ttft_rows(across: dict[str, Any]) -> list[str]:
+    ttft = across.get("ttft")
+    if not ttft:
+        return []
+    lines = [
+        f"TTFT p50 at {ttft['concurrency']} stream by round (ms), each round's ratio to "
+        f"{across['baseline']}'s and difference, and their medians:",
+        "",
+        "| system | TTFT p50 by round | ratio by round | median ratio | median difference |",
+        "|---|---|---|---|---|",
+    ]
+    for name, x in ttft.items():
+        if name == "concurrency":
+            continue
+        ms = " / ".join("-" if t is None else f"{t:.1f}" for t in x["ttft_p50_ms"])
+        ratios = " / ".join(f"x{q:.2f}" for q in x["ratios"]) or "-"
+        median = "-" if x["median_ratio"] is None else f"x{x['median_ratio']:.2f}"
+        diff = "-" if x["median_diff_ms"] is None else f"{x['median_diff_ms']:+.1f} ms"
+        lines.append(f"| {name} | {ms} | {ratios} | {median} | {diff} |")
     return [*lines, ""]
 
 

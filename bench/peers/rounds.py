@@ -6,7 +6,10 @@ ratio at 16 or 64 streams moved by 10-20% between runs minutes apart (docs/bench
 then. With `--rounds N`, round 1 is the run as before (every scenario) and each later round
 starts every system again for a sweep at `LEVELS` only, the order reversed in every other
 round. Each round's ratio is taken within that round (systems minutes apart, not an hour);
-the figure reported is the median of the rounds' ratios.
+the figure reported is the median of the rounds' ratios. The one-stream level is in every round
+too, for its first token: one round's 20 requests gave llmserve x1.13 of bare vLLM's TTFT p50 in
+one run and by hand x1.04 an hour later (docs/benchmarks.md, "One stream"), so the figure is the
+median of the rounds' ratios, as for tokens/s.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-LEVELS = (16, 64)  # the levels the README compares
+LEVELS = (16, 64)  # the levels the README compares for tokens/s
+TTFT_LEVEL = 1  # the level the README compares for the first token
 
 
 def order(round_number: int, systems: Sequence[str]) -> list[str]:
@@ -31,6 +35,14 @@ def throughput(sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int) ->
             if row.get("completed") != row.get("requests"):
                 return None
             return row.get("output_throughput")
+    return None
+
+
+def ttft(sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int) -> float | None:
+    """TTFT p50 at a level, only where every request of that level was served."""
+    for row in sweep_rows or ():
+        if row["concurrency"] == concurrency:
+            return row.get("ttft_p50_ms") if row.get("completed") == row.get("requests") else None
     return None
 
 
@@ -59,4 +71,30 @@ def summarize(
                 "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
             }
         out["levels"][str(c)] = level
+    out["ttft"] = _ttft(rounds, baseline, names)
+    return out
+
+
+def _ttft(
+    rounds: Sequence[dict[str, Sequence[dict[str, Any]] | None]], baseline: str, names: list[str]
+) -> dict[str, Any]:
+    """TTFT p50 at one stream by round, each round's ratio to the baseline's and its difference
+    in ms, and their medians. Empty where no round swept one stream."""
+    bases = [ttft(r.get(baseline), TTFT_LEVEL) for r in rounds]
+    if not any(bases):
+        return {}
+    out: dict[str, Any] = {"concurrency": TTFT_LEVEL}
+    for name in names:
+        ms = [ttft(r.get(name), TTFT_LEVEL) for r in rounds]
+        pairs = [(t, b) for t, b in zip(ms, bases) if t is not None and b]
+        pairs = pairs if name != baseline else []
+        ratios = [round(t / b, 3) for t, b in pairs]
+        diffs = [round(t - b, 1) for t, b in pairs]
+        out[name] = {
+            "ttft_p50_ms": ms,
+            "ratios": ratios,
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+            "diffs_ms": diffs,
+            "median_diff_ms": round(statistics.median(diffs), 1) if diffs else None,
+        }
     return out

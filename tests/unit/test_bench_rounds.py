@@ -66,3 +66,55 @@ def test_the_report_shows_each_round_and_the_median():
     md = report.markdown(results)
     assert "## Across 2 rounds" in md
     assert "| 16 | llmserve | 45.0 / 55.0 | 50.0 | x0.90 / x1.10 | x1.00 |" in md
+
+
+def _one_stream(ttft_ms: float, completed: int = 20) -> list[dict]:
+    return [{"concurrency": 1, "requests": 20, "completed": completed, "ttft_p50_ms": ttft_ms}]
+
+
+def test_one_streams_first_token_is_the_median_of_each_rounds_own_ratio():
+    # The host drifts by ~20 ms between rounds; within each round llmserve is 5-13 ms slower.
+    runs = [
+        {"vllm": _one_stream(105.5), "llmserve": _one_stream(118.8)},
+        {"vllm": _one_stream(124.0), "llmserve": _one_stream(129.0)},
+        {"vllm": _one_stream(110.0), "llmserve": _one_stream(117.0)},
+        {"vllm": _one_stream(100.0), "llmserve": _one_stream(90.0, completed=19)},  # not a sample
+    ]
+    ttft = rounds.summarize(runs, "vllm", levels=[16])["ttft"]
+    x = ttft["llmserve"]
+    assert x["ttft_p50_ms"] == [118.8, 129.0, 117.0, None]
+    assert x["ratios"] == [1.126, 1.04, 1.064]
+    assert x["median_ratio"] == 1.064
+    assert x["diffs_ms"] == [13.3, 5.0, 7.0] and x["median_diff_ms"] == 7.0
+    assert ttft["vllm"]["median_ratio"] is None
+    assert ttft["concurrency"] == 1
+
+
+def test_no_round_at_one_stream_gives_no_first_token_summary():
+    runs = [{"vllm": _sweep(c16=50.0), "llmserve": _sweep(c16=45.0)}]
+    assert rounds.summarize(runs, "vllm", levels=[16])["ttft"] == {}
+
+
+def test_the_report_and_the_readme_give_the_first_tokens_median():
+    from bench import summary
+
+    results = _results()
+    results["rounds"] = [{"round": 2, "order": ["vllm", "llmserve"], "systems": {}}]
+    results["across_rounds"] = rounds.summarize(
+        [
+            {
+                "vllm": _sweep(c16=50.0) + _one_stream(100.0),
+                "llmserve": _sweep(c16=45.0) + _one_stream(112.0),
+            },
+            {
+                "vllm": _sweep(c16=50.0) + _one_stream(120.0),
+                "llmserve": _sweep(c16=55.0) + _one_stream(126.0),
+            },
+        ],
+        "vllm",
+        levels=[16],
+    )
+    md = report.markdown(results)
+    assert "| llmserve | 112.0 / 126.0 | x1.12 / x1.05 | x1.08 | +9.0 ms |" in md
+    readme = "\n".join(summary._peers(results))
+    assert "TTFT p50 at one stream, the median of the rounds': llmserve x1.08 (+9.0 ms)" in readme
