@@ -4,12 +4,12 @@ One run of three systems one after the other is one sample: on a shared 2-core h
 ratio at 16 or 64 streams moved by 10-20% between runs minutes apart (docs/benchmarks.md,
 "One run is one sample"), and a system that always runs first meets whatever the host did
 then. With `--rounds N`, round 1 is the run as before (every scenario) and each later round
-starts every system again for a sweep at `LEVELS` only, the order reversed in every other
-round. Each round's ratio is taken within that round (systems minutes apart, not an hour);
-the figure reported is the median of the rounds' ratios. The one-stream level is in every round
-too, for its first token: one round's 20 requests gave llmserve x1.13 of bare vLLM's TTFT p50 in
-one run and by hand x1.04 an hour later (docs/benchmarks.md, "One stream"), so the figure is the
-median of the rounds' ratios, as for tokens/s.
+starts every system again for a sweep at one stream and `LEVELS` only, the order reversed in
+every other round. Each round's ratio is taken within that round (systems minutes apart, not an
+hour); the figure reported is the median of the rounds' ratios. The one stream is there for its
+first token: one round's 20 requests gave llmserve x1.13 of bare vLLM's TTFT p50 in one run and
+by hand x1.04 an hour later (docs/benchmarks.md, "One stream"), so that figure too is the median
+of the rounds' ratios.
 """
 
 from __future__ import annotations
