@@ -8,7 +8,7 @@ starts every system again for a sweep at one stream and `LEVELS` only, the order
 every other round. Each round's ratio is taken within that round (systems minutes apart, not an
 hour); the figure reported is the median of the rounds' ratios. The one stream is there for its
 first token: one round's 20 requests gave llmserve x1.13 of bare vLLM's TTFT p50 in one run and
-by hand x1.04 an hour later (docs/benchmarks.md, "One stream"), so that figure too is the median
+by hand x1.04 hours later (docs/benchmarks.md, "One stream"), so that figure too is the median
 of the rounds' ratios.
 """
 
