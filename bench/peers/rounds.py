@@ -27,23 +27,23 @@ def order(round_number: int, systems: Sequence[str]) -> list[str]:
     return list(systems) if round_number % 2 else list(reversed(systems))
 
 
-def throughput(sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int) -> float | None:
-    """Output tokens/s at a level, only where every request of that level was served: a refused
-    or failed request is not faster work."""
+def served(
+    sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int, metric: str
+) -> float | None:
+    """A level's figure, only where every request of that level was served: a refused or failed
+    request is not faster work."""
     for row in sweep_rows or ():
         if row["concurrency"] == concurrency:
-            if row.get("completed") != row.get("requests"):
-                return None
-            return row.get("output_throughput")
+            return row.get(metric) if row.get("completed") == row.get("requests") else None
     return None
+
+
+def throughput(sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int) -> float | None:
+    return served(sweep_rows, concurrency, "output_throughput")
 
 
 def ttft(sweep_rows: Sequence[dict[str, Any]] | None, concurrency: int) -> float | None:
-    """TTFT p50 at a level, only where every request of that level was served."""
-    for row in sweep_rows or ():
-        if row["concurrency"] == concurrency:
-            return row.get("ttft_p50_ms") if row.get("completed") == row.get("requests") else None
-    return None
+    return served(sweep_rows, concurrency, "ttft_p50_ms")
 
 
 def summarize(
