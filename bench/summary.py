@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from bench.peers.machine import cpu_label
+from bench.peers.report import _lookup
 from bench.peers.spec import LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +142,90 @@ def _peers(doc: dict) -> list[str]:
         ]
         if firsts:
             lines[-1] += f" TTFT p50 at one stream, the median of the rounds': {', '.join(firsts)}."
+    for section in (_overload(doc, names), _beside_batch(doc, names)):
+        if section:
+            lines += ["", *section]
+    return lines
+
+
+NONE = "—"  # a system whose run failed or lacks the section
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _overload(doc: dict, names: list[str]) -> list[str]:
+    """Goodput under open-loop Poisson load at each multiple of capacity (make bench's (b))."""
+    cap, w = doc.get("capacity") or {}, doc["workload"]
+    levels = sorted(
+        {r["load_x_capacity"] for n in names for r in doc["systems"][n].get("open_loop") or []}
+    )
+    if not cap.get("rps") or not levels:
+        return []
+
+    def cell(n: str, x: float) -> str:
+        def get(field: str):
+            return _lookup(doc, n, "open_loop", "load_x_capacity", x, field)
+
+        goodput = get("goodput_rps")
+        if goodput is None:
+            return NONE
+        shares = (("refused_share", "refused"), ("error_share", "errors"))
+        notes = [f"{get(field):.0%} {what}" for field, what in shares if get(field)]
+        if get("ttft_p99_ms") is not None:
+            notes.append(f"TTFT p99 {_ms(get('ttft_p99_ms'))}")
+        return f"{goodput:.2f}" + (f" ({', '.join(notes)})" if notes else "")
+
+    lines = [
+        f"Open-loop Poisson load, goodput in requests/s (completed with TTFT <= "
+        f"{w['ttft_slo_ms']:g} ms and TPOT <= {w['tpot_slo_ms']:g} ms, per second of the run; "
+        "in brackets the share refused with 429/503 and the TTFT p99 of the requests "
+        f"completed) at multiples of capacity, {cap['rps']:.3g} requests/s: "
+        f"{cap.get('definition', '')}",
+        "",
+        "| offered load | " + " | ".join(LABELS[n] for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for x in levels:
+        cells = [cell(n, x) for n in names]
+        lines.append(f"| {x:g}x ({x * cap['rps']:.2f}/s) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _beside_batch(doc: dict, names: list[str]) -> list[str]:
+    """Interactive TTFT while batch clients saturate the engine (make bench's (c)), beside
+    the TTFT of one stream on an idle engine."""
+    mixed = {n: doc["systems"][n].get("mixed") for n in names}
+    first = next((m for m in mixed.values() if m), None)
+    if first is None:
+        return []
+    w = doc["workload"]
+
+    def get(n: str, cls: str, field: str, fmt: str = "{:.0f}") -> str:
+        v = ((mixed[n] or {}).get(cls) or {}).get(field)
+        return NONE if v is None else fmt.format(v)
+
+    def idle(n: str) -> str:
+        v = _lookup(doc, n, "sweep", "concurrency", 1, "ttft_p50_ms")
+        return NONE if v is None else f"{v:.0f}"
+
+    lines = [
+        f"Interactive requests ({w.get('mixed_interactive_output_len', '?')} tokens, "
+        f"{first['interactive_rps']:.2g}/s) beside {first['batch_clients']} batch clients "
+        "saturating the engine, against one stream on an idle engine (llmserve tells the "
+        "classes apart by API key; the peers cannot):",
+        "",
+        "| system | interactive TTFT p50 / p99 beside batch (ms) | TTFT p50 idle, 1 stream (ms) "
+        "| batch output tokens/s |",
+        "|---|---|---|---|",
+    ]
+    for n in names:
+        lines.append(
+            f"| {LABELS[n]} | {get(n, 'interactive', 'ttft_p50_ms')} / "
+            f"{get(n, 'interactive', 'ttft_p99_ms')} | {idle(n)} | "
+            f"{get(n, 'batch', 'output_throughput', '{:.1f}')} |"
+        )
     return lines
 
 

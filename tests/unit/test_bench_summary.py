@@ -40,3 +40,70 @@ def test_the_floor_line_comes_from_its_results_file():
     for run in floor["runs"]:
         assert f"{run['cpu_ms_per_token']['router']:.3f} at {run['streams']}" in line
     assert doc["commit"] in line and doc["machine"] in line
+
+
+def _peers_doc() -> dict:
+    return json.loads((summary.RESULTS / "peers_latest.json").read_text())
+
+
+def _row(lines: list[str], lead: str) -> list[str]:
+    """The cells of the table row whose first cell is `lead`."""
+    line = next(line for line in lines if line.startswith(f"| {lead} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
+def test_the_peers_block_carries_goodput_under_overload_per_level_and_system():
+    doc = _peers_doc()
+    lines = summary._peers(doc)
+    w, cap = doc["workload"], doc["capacity"]
+    heading = next(line for line in lines if line.startswith("Open-loop"))
+    assert f"TTFT <= {w['ttft_slo_ms']:g} ms" in heading
+    assert f"TPOT <= {w['tpot_slo_ms']:g} ms" in heading
+    assert f"{cap['rps']:.3g} requests/s" in heading and cap["definition"] in heading
+    names = [n for n in summary.LABELS if n in doc["systems"]]
+    levels = {r["load_x_capacity"] for n in names for r in doc["systems"][n]["open_loop"]}
+    assert {1.0, 2.0, 4.0} <= levels
+    for x in levels:
+        cells = _row(lines, f"{x:g}x ({x * cap['rps']:.2f}/s)")
+        for n, cell in zip(names, cells, strict=True):
+            r = next(r for r in doc["systems"][n]["open_loop"] if r["load_x_capacity"] == x)
+            assert cell.startswith(f"{r['goodput_rps']:.2f}")
+            assert "TTFT p99" in cell
+            if r["refused_share"]:
+                assert f"{r['refused_share']:.0%} refused" in cell
+
+
+def test_the_peers_block_carries_interactive_ttft_beside_batch_and_idle():
+    doc = _peers_doc()
+    lines = summary._peers(doc)
+    for n, entry in doc["systems"].items():
+        interactive, batch = entry["mixed"]["interactive"], entry["mixed"]["batch"]
+        idle = next(r for r in entry["sweep"] if r["concurrency"] == 1)
+        assert _row(lines, summary.LABELS[n]) == [
+            f"{interactive['ttft_p50_ms']:.0f} / {interactive['ttft_p99_ms']:.0f}",
+            f"{idle['ttft_p50_ms']:.0f}",
+            f"{batch['output_throughput']:.1f}",
+        ]
+    first = next(iter(doc["systems"].values()))["mixed"]
+    assert f"beside {first['batch_clients']} batch clients" in "\n".join(lines)
+
+
+def test_a_system_without_the_sections_gets_a_dash_and_none_at_all_no_table():
+    doc = _peers_doc()
+    failed = doc["systems"]["ray-serve-llm"]
+    failed.pop("open_loop"), failed.pop("mixed"), failed.pop("sweep")
+    lines = summary._peers(doc)
+    names = [n for n in summary.LABELS if n in doc["systems"]]
+    for x in doc["workload"]["loads_x_capacity"]:
+        cells = _row(lines, f"{x:g}x ({x * doc['capacity']['rps']:.2f}/s)")
+        assert cells[names.index("ray-serve-llm")] == summary.NONE
+        assert cells[names.index("llmserve")] != summary.NONE
+    assert _row(lines, summary.LABELS["ray-serve-llm"]) == [
+        f"{summary.NONE} / {summary.NONE}",
+        summary.NONE,
+        summary.NONE,
+    ]
+    for entry in doc["systems"].values():
+        entry.pop("open_loop", None), entry.pop("mixed", None)
+    lines = summary._peers(doc)
+    assert not any(line.startswith(("Open-loop", "Interactive")) for line in lines)
