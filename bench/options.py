@@ -16,19 +16,19 @@ BASE = "075fb12"  # the last commit with the hand-written protocol and one Ray i
 SERVE_DEFAULTS = {"BENCH_SERVE_DEFAULTS": "1"}
 OPTIONS = {
     "flush-0": (
-        {"stream_flush_ms": 0},
+        {"deployment": {"stream_flush_ms": 0}},
         {},
         "rejected as the default: one Ray item per write, so the Router and the "
         "replica pay their per-item cost on every token (about twice flush-50's)",
     ),
     "flush-20": (
-        {"stream_flush_ms": 20},
+        {"deployment": {"stream_flush_ms": 20}},
         {},
         "rejected as the default: at 50 tokens/s a stream has ~1 token per 20 ms, so "
         "items hardly shrink",
     ),
     "flush-100": (
-        {"stream_flush_ms": 100},
+        {"deployment": {"stream_flush_ms": 100}},
         {},
         "not the default: less CPU again, but each stream's text comes in 100 ms lumps",
     ),
@@ -44,8 +44,8 @@ OPTIONS = {
         "proxy stays in the path",
     ),
     "no-shield": (
+        {"admission": {"shield_factor": 0}},
         {},
-        {"LLMSERVE_SHIELD_DIR": ""},
         "rejected: without HAProxy's shield (serve_app/shield.py) every refusal of a flood is "
         "the Router's, at about ten times the CPU",
     ),
@@ -60,8 +60,8 @@ OPTIONS = {
 
 def main() -> None:
     variants = [
-        f"{name}:" + json.dumps({"deployment": d, "env": e, "what": what})
-        for name, (d, e, what) in OPTIONS.items()
+        f"{name}:" + json.dumps({**app, "env": e, "what": what})
+        for name, (app, e, what) in OPTIONS.items()
     ]
     args = sys.argv[1:] + ["--base", BASE]
     for v in variants:

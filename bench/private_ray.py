@@ -15,8 +15,10 @@ In order:
    on a 2-core host), no dashboard, no log forwarding; `new_instance` starts a Ray of its own
    even beside another on this machine, and `temp_dir` keeps its session and sockets apart;
 3. `serve.start` on 127.0.0.1:port;
-4. on the way out, however the block ends: serve.shutdown(), ray.shutdown(), and with `reap`
-   an end to any process of ours that outlived them (see `reap`).
+4. on the way out, however the block ends: serve.shutdown(), ray.shutdown(), with `reap`
+   an end to any process of ours that outlived them (see `reap`), then the cluster's HAProxy
+   and shield files (`ray_env.remove_cluster_files(port + 1)`, the run dir its environment
+   named).
 
 Not on it: chaos/cluster.py, a cluster of several nodes (`ray.cluster_utils.Cluster`) that
 scenarios add and remove under load, whose driver joins by address, whose Ray ports come from a
@@ -105,8 +107,14 @@ def private_ray(
             serve.shutdown()
         finally:
             tree += _tree() if reap_leftovers else []
-            ray.shutdown()
-            reap(tree)
+            try:
+                ray.shutdown()
+                reap(tree)
+            finally:
+                if platform_env:
+                    from serve_app import ray_env
+
+                    ray_env.remove_cluster_files(port + 1)
 
 
 def _tree() -> list:

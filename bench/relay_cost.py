@@ -12,12 +12,13 @@ the middle of the run and divided by the tokens delivered meanwhile: proxy, Rout
 The proxy is HAProxy where it runs, plus Serve's proxy actor.
 
 Systems, each on a Ray instance of its own, one after another: `this` (the working tree), each
-`--variant NAME:JSON` (this tree with the JSON merged into the model's `deployment:` block, and
-`env` keys as environment of the cluster), and `--base REF` (a git worktree of REF, the commit
-before, on the same load); with `--floor`, `serve-floor` (bench/serve_floor.py: Serve's ingress
-on the same Ray environment with none of the platform's work, the floor under the Router's
-figures). Results go to bench/results/relay_cost.json, and a table generated from it to
-bench/results/relay_cost.md, stamped with commit, date and machine.
+`--variant NAME:JSON` (this tree with the JSON's `deployment` merged into the model's
+`deployment:` block and its `admission` into the app's, and `env` keys as environment of the
+cluster), and `--base REF` (a git worktree of REF, the commit before, on the same load); with
+`--floor`, `serve-floor` (bench/serve_floor.py: Serve's ingress on the same Ray environment with
+none of the platform's work, the floor under the Router's figures). Results go to
+bench/results/relay_cost.json, and a table generated from it to bench/results/relay_cost.md,
+stamped with commit, date and machine.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _cpu_by_role() -> dict[str, float]:
 
 
 def _app_args(rate: float, extra: dict) -> dict:
-    # Valid for this tree and the commit before: only fields both configs know, plus `extra`.
+    # Valid for this tree and the commit before: only fields both configs know, plus `extra`'s
+    # `deployment` (the model's) and `admission` (a variant's).
     return {
         "models": [
             {
@@ -87,11 +89,20 @@ def _app_args(rate: float, extra: dict) -> dict:
                 "source": "simulated",
                 "simulation": {"step_s": 1.0 / rate, "per_seq_step_s": 0},
                 "engine": {"max_num_seqs": 4096},
-                "deployment": {"max_ongoing_requests": 4096, "num_cpus": 0.5, **extra},
+                "deployment": {
+                    "max_ongoing_requests": 4096,
+                    "num_cpus": 0.5,
+                    **extra.get("deployment", {}),
+                },
             }
         ],
         "router": {"max_ongoing_requests": 8192, "num_cpus": 0.5},
-        "admission": {"max_queue_len": 8192, "max_queue_wait_s": 600, "anonymous_tenant": None},
+        "admission": {
+            "max_queue_len": 8192,
+            "max_queue_wait_s": 600,
+            "anonymous_tenant": None,
+            **extra.get("admission", {}),
+        },
         "tenants": [
             {"name": "bench", "api_keys": [KEY], "max_timeout_s": 600, "default_timeout_s": 600},
             {
@@ -266,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         "--variant",
         action="append",
         default=[],
-        help='NAME:{"deployment": {...}, "env": {...}, "what": "..."}',
+        help='NAME:{"deployment": {...}, "admission": {...}, "env": {...}, "what": "..."}',
     )
     ap.add_argument(
         "--floor",
@@ -298,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
             (
                 name,
                 ROOT,
-                spec.get("deployment", {}),
+                {k: spec[k] for k in ("deployment", "admission") if k in spec},
                 spec.get("env", {}),
                 spec.get("what", json.dumps(spec)),
             )

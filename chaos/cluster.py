@@ -9,7 +9,9 @@ it back. Everything is kept apart from any other Ray instance on the machine:
 - the ports Ray would otherwise take at fixed defaults (GCS, dashboard agent, metrics export) and
   Serve's HTTP port come from a block of ten in 19300-19399, held under a file lock and checked
   free first (a second run of the suite on the host takes another block; a GCS port taken by
-  another cluster would make our head node join that cluster); the rest are picked by the OS.
+  another cluster would make our head node join that cluster); the rest are picked by the OS;
+- HAProxy's files and the shield's go to a run dir of this block (serve_app/ray_env.py), removed
+  at the teardown.
 Every process this one starts is remembered (with its start time, against pid reuse) so that the
 teardown can prove nothing is left running, and end what is.
 """
@@ -111,8 +113,10 @@ class ChaosCluster:
         os.environ["RAY_TMPDIR"] = self.tmp_dir  # read when the head node is created
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         # The platform's Ray environment (serve_app/ray_env.py, applied when this process
-        # started: chaos/__main__.py), with its fixed ports in this block.
+        # started: chaos/__main__.py), with its fixed ports in this block and HAProxy's files in
+        # a run dir of the block's.
         os.environ.update(ray_env.port_env(self.port_base + 5))
+        os.environ.update(ray_env.path_env(self.port_base + 5))
         import ray
         from ray import serve
         from ray.cluster_utils import Cluster
@@ -239,6 +243,8 @@ class ChaosCluster:
         self.leftover = self._end_alive()
         if os.environ.get("CHAOS_KEEP_LOGS"):
             print(f"Ray logs of this run: {self.tmp_dir}/ray/session_latest/logs")
+            print(f"HAProxy's files of this run: {ray_env.run_dir(self.port_base + 5)}")
         else:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            ray_env.remove_cluster_files(self.port_base + 5)
         self._port_lock.close()  # the ports are free again

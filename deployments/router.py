@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
@@ -73,11 +74,13 @@ class Router:
         self._created = int(time.time())
         self._directory = TenantDirectory(self._config, os.environ)
         try:
+            # Into this node's folder beside its HAProxy's files (serve_app/shield.py).
             shield_map = shield.publish(
                 self._directory,
                 self._config.admission.shield_factor,
                 serve.get_replica_context().app_name,
                 os.environ,
+                ray.get_runtime_context().get_node_id(),
             )
             logger.info("shield's map for HAProxy: %s", shield_map)
         except OSError as e:  # the Router serves on; its own buckets refuse the floods

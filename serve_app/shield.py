@@ -12,6 +12,13 @@ once the Router's replica is up. HAProxy counts, per key, the POSTs it lets thro
 sliding second (a stick-table's `gpc0_rate`) and answers an OpenAI-shaped 429 once a key has
 reached its limit.
 
+Where: beside the HAProxy files of the Router's own node, `<run dir>/<node id>/shield/` (`folder`;
+the run dir is the folder of RAY_SERVE_HAPROXY_CONFIG_FILE_LOC, `serve_app.ray_env.run_dir`),
+which is where the wrapper looks: beside the config it is given, `<run dir>/<node id>/`. Node
+ids are new with every cluster, so a cluster never merges the maps of another one on the same
+machine, running beside it or gone (an app of the same name included); `make stop` removes the
+run dir. Every folder on the way must be this user's, the maps 0600: HAProxy runs the rules.
+
 Coarse by design, never stricter than the tenant's bucket: a key's limit is `shield_factor`
 times the most its requests bucket can admit in a second (burst + rate x 1 s), and each HAProxy
 (one per node) counts alone; the Router's exact bucket still refuses whatever of a flood gets
@@ -34,7 +41,7 @@ from pathlib import Path
 
 from serve_app.config import TenantConfig
 from serve_app.openai_protocol import OpenAIError
-from serve_app.ray_env import SHIELD_DIR_ENV
+from serve_app.ray_env import HAPROXY_CONFIG_ENV, RAY_HAPROXY_CONFIG_DEFAULT
 from serve_app.tenancy import TenantDirectory
 
 ANONYMOUS = "anonymous"  # what HAProxy tracks a request without an Authorization header as
@@ -117,35 +124,56 @@ def rules(map_path: str) -> str:
     )
 
 
-def publish(
-    directory: TenantDirectory, factor: float, app: str, environ: Mapping[str, str]
-) -> Path | None:
-    """What a Router does as it starts: leave this app's map, and the rules, where this
-    cluster's HAProxy looks (the map removed when there is nothing to shield). The wrapper
-    merges the apps' maps, adding up the limits of a key that several apps know. Returns the
-    map's path, None where the environment names no folder."""
-    folder = environ.get(SHIELD_DIR_ENV)
-    if not folder:
+def folder(environ: Mapping[str, str], node_id: str) -> Path | None:
+    """Where the Routers of node `node_id` leave the shield for its HAProxy: `shield/` beside
+    the config Ray writes for that HAProxy (`<folder of RAY_SERVE_HAPROXY_CONFIG_FILE_LOC>/
+    <node id>/`, where haproxy_loopback.sh looks). None where Serve runs no HAProxy."""
+    if environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
         return None
-    _own_folder(Path(folder))
+    config = environ.get(HAPROXY_CONFIG_ENV) or RAY_HAPROXY_CONFIG_DEFAULT
+    return Path(config).parent / node_id / "shield"
+
+
+def publish(
+    directory: TenantDirectory,
+    factor: float,
+    app: str,
+    environ: Mapping[str, str],
+    node_id: str,
+) -> Path | None:
+    """What a Router does as it starts: leave this app's map, and the rules, where the HAProxy
+    of its node looks (`folder`; the map removed when there is nothing to shield). The wrapper
+    merges the apps' maps, adding up the limits of a key that several apps know. Returns the
+    map's path, None where Serve runs no HAProxy."""
+    shield = folder(environ, node_id)
+    if shield is None:
+        return None
+    _own_folder(shield)
     limits = key_limits(directory, factor) if factor else {}
-    app_map = Path(folder, "apps", re.sub(r"[^A-Za-z0-9._-]", "_", app) + ".map")
+    app_map = shield / "apps" / (re.sub(r"[^A-Za-z0-9._-]", "_", app) + ".map")
     if limits:
         _replace(app_map, map_text(limits))
     else:
         app_map.unlink(missing_ok=True)
-    _replace(Path(folder, "rules.cfg"), rules(str(Path(folder, "shield.map"))))
+    _replace(shield / "rules.cfg", rules(str(shield / "shield.map")))
     return app_map
 
 
-def _own_folder(folder: Path) -> None:
-    """The folder, made ours alone: HAProxy runs what the rules say, so a folder in /tmp that
-    another user made (and could write to) is refused, not written into."""
-    (folder / "apps").mkdir(mode=0o700, parents=True, exist_ok=True)
-    for f in (folder, folder / "apps"):
+def _own_folder(shield: Path) -> None:
+    """The shield's folder, made ours alone: HAProxy runs what the rules say, so nothing is
+    written where another user could put or swap a file. The run dir and the node's folder
+    must be this user's and writable by no other user, and the node's folder (Ray makes it
+    under the user's umask) is narrowed to 0700, which also keeps other users from HAProxy's
+    admin socket (mode 666 in Ray's template); `shield/` and `shield/apps/` must be this
+    user's, writable by no one else. The wrapper checks the same before it splices."""
+    node, run = shield.parent, shield.parent.parent
+    (shield / "apps").mkdir(mode=0o700, parents=True, exist_ok=True)
+    for f, others in ((run, 0o002), (node, 0o002), (shield, 0o022), (shield / "apps", 0o022)):
         st = f.lstat()
-        if st.st_uid != os.getuid() or st.st_mode & 0o022 or not stat.S_ISDIR(st.st_mode):
+        if st.st_uid != os.getuid() or not stat.S_ISDIR(st.st_mode) or st.st_mode & others:
             raise PermissionError(f"{f} is not a folder of this user's alone: not writing there")
+    if node.stat().st_mode & 0o077:
+        node.chmod(0o700)
 
 
 def _replace(path: Path, text: str) -> None:

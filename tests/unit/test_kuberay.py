@@ -190,9 +190,14 @@ def test_the_cluster_runs_with_token_auth_and_keys_from_secrets(cluster):
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llmserve-ray-token"
         # The rest of `llmserve ray-env --cluster`, value for value.
-        from serve_app.ray_env import cluster_env
+        from serve_app.ray_env import cluster_env, path_env
 
         wanted = cluster_env(single_machine=False)
-        for key in wanted.keys() - {"RAY_SERVE_HAPROXY_BINARY_PATH", "LLMSERVE_HAPROXY_REAL"}:
+        # Paths of this machine: the wrapper's, the binary's, and HAProxy's files, whose run dir
+        # names this user. A pod's /tmp is its own: Ray's defaults there serve, and the shield
+        # follows them (serve_app/shield.py: `folder`).
+        machine = {"RAY_SERVE_HAPROXY_BINARY_PATH", "LLMSERVE_HAPROXY_REAL", *path_env()}
+        for key in wanted.keys() - machine:
             assert env[key]["value"] == wanted[key], key
+        assert not machine & (env.keys() - {"RAY_SERVE_HAPROXY_BINARY_PATH"})
         assert {"secretRef": {"name": "llmserve-api-keys"}} in container["envFrom"]

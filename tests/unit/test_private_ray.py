@@ -1,6 +1,7 @@
 """bench/private_ray.py's order of things, against a stand-in for Ray (no Ray starts): the
 platform's environment and the caller's before Ray is imported, the callers' ray.init options,
-Serve on the loopback port, and Serve then Ray shut down however the block ends."""
+Serve on the loopback port, and Serve then Ray shut down however the block ends, then the
+cluster's HAProxy and shield files removed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def calls(monkeypatch) -> list:
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(
         "serve_app.ray_env.apply", lambda port_base: log.append(("ray_env", port_base))
+    )
+    monkeypatch.setattr(
+        "serve_app.ray_env.remove_cluster_files",
+        lambda port_base: log.append(("remove_cluster_files", port_base)) or [],
     )
     ray = types.ModuleType("ray")
 
@@ -55,6 +60,7 @@ def test_the_environment_comes_first_and_serve_and_ray_stop_last(calls):
         ("serve.run", ("app", 1), "bench", "/"),
         ("serve.shutdown",),
         ("ray.shutdown",),
+        ("remove_cluster_files", 18501),  # the run dir its environment named
     ]
 
 
@@ -97,5 +103,5 @@ def test_a_private_instance_with_its_own_options_and_handler(calls, monkeypatch)
             "_system_config": {"a": 1},
         },
     )
-    assert calls[-2:] == [("serve.shutdown",), ("ray.shutdown",)]
+    assert calls[-2:] == [("serve.shutdown",), ("ray.shutdown",)]  # no platform env: no files
     assert len(reaped) == 1 and isinstance(reaped[0], list)  # this process's children

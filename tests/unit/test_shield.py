@@ -1,16 +1,21 @@
-"""The shield (serve_app/shield.py): each key's limit, the files a Router leaves for HAProxy, and
-the real HAProxy (the binary Ray bundles) started through serve_app/haproxy_loopback.sh with
-them, in front of a plain HTTP server standing in for the Routers."""
+"""The shield (serve_app/shield.py): each key's limit, the files a Router leaves for HAProxy in
+its node's folder, and the real HAProxy (the binary Ray bundles) started through
+serve_app/haproxy_loopback.sh with them, in front of a plain HTTP server standing in for the
+Routers; two clusters on the machine at once, and one that is gone, keep their limits apart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import secrets
 import socket
 import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,11 +25,32 @@ from pydantic import ValidationError
 
 from serve_app import shield
 from serve_app.config import AppConfig, key_digest
-from serve_app.ray_env import SHIELD_DIR_ENV, cluster_env
+from serve_app.ray_env import (
+    HAPROXY_CONFIG_ENV,
+    cluster_env,
+    path_env,
+    remove_cluster_files,
+    run_dir,
+)
 from serve_app.tenancy import TenantDirectory
 
 WRAPPER = Path(__file__).resolve().parents[2] / "serve_app" / "haproxy_loopback.sh"
 LIMITED, OTHER, FROM_ENV = "sk-limited-0000", "sk-unlimited-1111", "sk-limited-env-2222"
+NODE = "a" * 56  # a node id, as Ray's: 56 hex digits
+HAPROXY_ON = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
+
+def _env(run: Path) -> dict[str, str]:
+    """A cluster's environment as far as the shield reads it: HAProxy on, its files in `run`."""
+    return {**HAPROXY_ON, HAPROXY_CONFIG_ENV: str(run / "haproxy.cfg")}
+
+
+def _config(environ: dict[str, str], node: str, **ports: int) -> Path:
+    """HAProxy's config where Ray writes it for `node`: `<run dir>/<node id>/haproxy.cfg`."""
+    cfg = Path(environ[HAPROXY_CONFIG_ENV]).parent / node / "haproxy.cfg"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(CONFIG.format(**({"metrics": 1, "port": 2, "backend": 3} | ports)))
+    return cfg
 
 
 def _directory(factor: float = 2.0, anonymous: bool = True) -> tuple[TenantDirectory, float]:
@@ -71,35 +97,64 @@ def test_a_factor_that_could_refuse_what_the_bucket_admits_is_rejected(factor):
 
 def test_publish_leaves_digests_and_rules_for_haproxy_and_removes_them_when_off(tmp_path):
     directory, factor = _directory()
-    environ = {SHIELD_DIR_ENV: str(tmp_path)}
-    app_map = shield.publish(directory, factor, "app1", environ)
-    assert app_map == tmp_path / "apps" / "app1.map"
+    environ = _env(tmp_path / "run")
+    app_map = shield.publish(directory, factor, "app1", environ, NODE)
+    folder = tmp_path / "run" / NODE / "shield"  # beside the config Ray writes for this node
+    assert app_map == folder / "apps" / "app1.map"
     text = app_map.read_text()
     assert f"{key_digest(LIMITED)} 10 4 limited\n" in text
     assert LIMITED not in text and FROM_ENV not in text  # digests only
     assert stat.S_IMODE(app_map.stat().st_mode) == 0o600
-    assert str(tmp_path / "shield.map") in (tmp_path / "rules.cfg").read_text()
+    assert stat.S_IMODE((tmp_path / "run" / NODE).stat().st_mode) == 0o700
+    assert str(folder / "shield.map") in (folder / "rules.cfg").read_text()
     off, _ = _directory(factor=0)
-    shield.publish(off, 0, "app1", environ)
+    shield.publish(off, 0, "app1", environ, NODE)
     assert not app_map.exists()
-    assert shield.publish(directory, factor, "app1", {}) is None
-    assert cluster_env(port_base=20000)[SHIELD_DIR_ENV] != cluster_env()[SHIELD_DIR_ENV]
+    # Serve runs no HAProxy: nothing to write, nowhere.
+    assert shield.publish(directory, factor, "app1", {HAPROXY_CONFIG_ENV: "/x/h.cfg"}, NODE) is None
+    # Without the platform's paths, beside Ray's default config (a pod's own /tmp).
+    assert shield.folder(HAPROXY_ON, NODE) == Path("/tmp/haproxy-serve", NODE, "shield")
 
 
 def test_a_folder_others_can_write_to_is_refused(tmp_path):
     directory, factor = _directory()
-    folder = tmp_path / "shield"
-    folder.mkdir(mode=0o777)
+    environ = _env(tmp_path / "run")
+    folder = tmp_path / "run" / NODE / "shield"
+    folder.mkdir(parents=True)
     folder.chmod(0o777)
     with pytest.raises(PermissionError, match="not a folder of this user's alone"):
-        shield.publish(directory, factor, "app1", {SHIELD_DIR_ENV: str(folder)})
+        shield.publish(directory, factor, "app1", environ, NODE)
+    assert not (folder / "rules.cfg").exists()
+    # Nor under a run dir any user may write to (they could swap the node's folder).
+    folder.chmod(0o700)
+    (tmp_path / "run").chmod(0o777)
+    with pytest.raises(PermissionError, match="not a folder of this user's alone"):
+        shield.publish(directory, factor, "app1", environ, NODE)
     assert not (folder / "rules.cfg").exists()
 
 
-def _wrap(cfg: Path, env: dict[str, str]) -> str:
-    env = {**os.environ, **env, "LLMSERVE_HAPROXY_REAL": "/bin/true"}  # edit, start nothing
+def test_a_run_dir_of_another_users_is_refused(tmp_path, monkeypatch):
+    directory, factor = _directory()
+    (tmp_path / "run").mkdir(mode=0o700)
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)  # the folder is now another user's
+    with pytest.raises(PermissionError, match="not a folder of this user's alone"):
+        shield.publish(directory, factor, "app1", _env(tmp_path / "run"), NODE)
+    assert not list((tmp_path / "run" / NODE / "shield").rglob("*.map"))
+
+
+def _wrap(cfg: Path) -> str:
+    """The wrapper on `cfg` as Ray runs it (the shield found beside the config, not through the
+    environment), the real binary left out: the config it leaves."""
+    env = {**os.environ, "LLMSERVE_HAPROXY_REAL": "/bin/true"}  # edit, start nothing
     subprocess.run(["sh", str(WRAPPER), "-db", "-f", str(cfg)], env=env, check=True)
     return cfg.read_text()
+
+
+def _spliced_map(config: str) -> Path:
+    """The merged map the shield's rules in `config` read."""
+    (path,) = set(re.findall(r",map\(([^)]+)\)", config))
+    return Path(path)
 
 
 CONFIG = """\
@@ -125,33 +180,71 @@ backend app1
 
 def test_the_wrapper_merges_the_apps_maps_and_puts_the_rules_before_the_backends(tmp_path):
     directory, factor = _directory()
-    environ = {SHIELD_DIR_ENV: str(tmp_path / "shield")}
-    shield.publish(directory, factor, "app1", environ)
-    shield.publish(directory, factor, "app2", environ)  # the same key in two apps: limits add
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(CONFIG.format(metrics=1, port=2, backend=3))
-    lines = [line.strip() for line in _wrap(cfg, environ).splitlines()]
+    environ = _env(tmp_path / "run")
+    shield.publish(directory, factor, "app1", environ, NODE)
+    shield.publish(directory, factor, "app2", environ, NODE)  # one key in two apps: limits add
+    cfg = _config(environ, NODE)
+    lines = [line.strip() for line in _wrap(cfg).splitlines()]
     assert (
         lines.index("frontend http_frontend")
         < lines.index("# llmserve-shield (serve_app/shield.py): a key's requests over its limit")
         < lines.index("use_backend app1 if is_app1")
     )
-    merged_map = tmp_path / "shield" / "shield.map"
+    folder = tmp_path / "run" / NODE / "shield"
+    merged_map = folder / "shield.map"
     assert stat.S_IMODE(merged_map.stat().st_mode) == 0o600
     merged = merged_map.read_text()
     assert f"{key_digest(LIMITED)} 20 4 limited\n" in merged
     # HAProxy restarts (reloads) on a config Ray wrote anew; one already shielded stays as is.
-    assert _wrap(cfg, environ).count("llmserve-shield") == 1
-    # Nothing from a folder others may write to (HAProxy would run what they put there).
-    (tmp_path / "shield").chmod(0o777)
-    cfg.write_text(CONFIG.format(metrics=1, port=2, backend=3))
-    assert "llmserve-shield" not in _wrap(cfg, environ)
-    (tmp_path / "shield").chmod(0o700)
+    assert _wrap(cfg).count("llmserve-shield") == 1
+    # Nothing from a folder others may write to (HAProxy would run what they put there), nor
+    # from under a run dir any user may write to.
+    for f in (folder, folder / "apps", tmp_path / "run"):
+        f.chmod(0o777)
+        _config(environ, NODE)
+        assert "llmserve-shield" not in _wrap(cfg), f
+        f.chmod(0o700)
+    # Ray made the node's folder under the user's umask: the wrapper narrows it to 0700 (its
+    # admin socket is mode 666), then splices.
+    (tmp_path / "run" / NODE).chmod(0o775)
+    _config(environ, NODE)
+    assert "llmserve-shield" in _wrap(cfg)
+    assert stat.S_IMODE((tmp_path / "run" / NODE).stat().st_mode) == 0o700
     # Without maps (the shield off in every app), the config is Ray's.
-    for m in (tmp_path / "shield" / "apps").iterdir():
+    for m in (folder / "apps").iterdir():
         m.unlink()
-    cfg.write_text(CONFIG.format(metrics=1, port=2, backend=3))
-    assert "llmserve-shield" not in _wrap(cfg, environ)
+    _config(environ, NODE)
+    assert "llmserve-shield" not in _wrap(cfg)
+
+
+def test_the_wrapper_splices_its_own_nodes_map_of_two_clusters_at_once(tmp_path):
+    # Two clusters on the machine (say `make serve` and the test suite's), each with an app
+    # named `llmserve` that knows the same key, at limits 10 and 20.
+    clusters = [(_env(tmp_path / "run"), NODE), (_env(tmp_path / "run-18001"), "b" * 56)]
+    for (environ, node), factor in zip(clusters, (2, 4)):
+        shield.publish(*_directory(factor), "llmserve", environ, node)
+    for (environ, node), limit in zip(clusters, (10, 20)):
+        merged = _spliced_map(_wrap(_config(environ, node)))
+        assert f"{key_digest(LIMITED)} {limit} 4 limited\n" in merged.read_text()
+        assert f"{shield.ANONYMOUS} {limit} 2 anonymous\n" in merged.read_text()
+        assert merged == Path(environ[HAPROXY_CONFIG_ENV]).parent / node / "shield" / "shield.map"
+
+
+def test_a_map_a_gone_cluster_left_is_not_merged_into_a_new_nodes_config(tmp_path):
+    # A cluster that is gone without `make stop` left its maps (the demo's limits, factor 4) in
+    # the same run dir; the next one has a new node id.
+    environ = _env(tmp_path / "run")
+    gone, new = NODE, "c" * 56
+    shield.publish(*_directory(4), "llmserve", environ, gone)
+    # HAProxy starts before the new cluster's Router publishes: nothing of the gone one's.
+    cfg = _config(environ, new)
+    assert "llmserve-shield" not in _wrap(cfg)
+    assert not (tmp_path / "run" / new / "shield" / "shield.map").exists()
+    # Then the new Router's map, and only its limits.
+    shield.publish(*_directory(2), "llmserve", environ, new)
+    _config(environ, new)
+    merged = _spliced_map(_wrap(cfg)).read_text()
+    assert f"{key_digest(LIMITED)} 10 4 limited\n" in merged and " 20 " not in merged
 
 
 def _free_port() -> int:
@@ -175,17 +268,19 @@ class _Router(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def haproxy(tmp_path):
-    """HAProxy through the wrapper, a limited key's map published; yields its client."""
-    backend = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
-    threading.Thread(target=backend.serve_forever, daemon=True).start()
-    directory, factor = _directory()
-    environ = {SHIELD_DIR_ENV: str(tmp_path / "shield")}
-    shield.publish(directory, factor, "app1", environ)
-    port = _free_port()
-    cfg = tmp_path / "haproxy.cfg"
-    cfg.write_text(CONFIG.format(metrics=_free_port(), port=port, backend=backend.server_port))
-    env = {**os.environ, **environ, "LLMSERVE_HAPROXY_REAL": cluster_env()["LLMSERVE_HAPROXY_REAL"]}
+def backend() -> Iterator[ThreadingHTTPServer]:
+    """A plain HTTP server standing in for the Routers."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@contextlib.contextmanager
+def _running(cfg: Path, port: int) -> Iterator[httpx.Client]:
+    """The real HAProxy through the wrapper on `cfg`; a client of its API `port` once it
+    answers."""
+    env = {**os.environ, "LLMSERVE_HAPROXY_REAL": cluster_env()["LLMSERVE_HAPROXY_REAL"]}
     proc = subprocess.Popen(["sh", str(WRAPPER), "-db", "-f", str(cfg)], env=env)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}")
     try:
@@ -194,13 +289,26 @@ def haproxy(tmp_path):
                 client.get("/")
                 break
             except httpx.TransportError:
+                assert proc.poll() is None, f"HAProxy on {cfg} exited {proc.returncode}"
                 time.sleep(0.05)
+        else:
+            raise AssertionError(f"HAProxy on {cfg} never answered")
         yield client
     finally:
         client.close()
         proc.terminate()
         proc.wait(10)
-        backend.shutdown()
+
+
+@pytest.fixture
+def haproxy(tmp_path, backend):
+    """HAProxy through the wrapper, a limited key's map published; yields its client."""
+    environ = _env(tmp_path / "run")
+    shield.publish(*_directory(), "app1", environ, NODE)
+    port = _free_port()
+    cfg = _config(environ, NODE, metrics=_free_port(), port=port, backend=backend.server_port)
+    with _running(cfg, port) as client:
+        yield client
 
 
 def _statuses(client: httpx.Client, key: str | None, n: int, method: str = "POST") -> list[int]:
@@ -236,3 +344,35 @@ def test_haproxy_never_refuses_what_the_bucket_admits(haproxy):
         statuses += _statuses(haproxy, LIMITED, 1)
     assert statuses == [200] * 8
     assert _statuses(haproxy, None, 5) == [200] * 5  # the anonymous tenant: limit 10
+
+
+def test_two_clusters_at_once_each_haproxy_refuses_at_its_own_limit(backend):
+    # As cluster_env lays two clusters out on this machine (their run dirs under /tmp, the node
+    # folders Ray makes, each HAProxy's admin socket where Ray's template puts it), each with
+    # an app named `llmserve` that knows the same key: limits 10 and 20. Both Routers publish,
+    # then both HAProxys (re)start, as Ray restarts one whenever it rewrites its config.
+    bases = [_free_port(), _free_port()]
+    clusters = [({**HAPROXY_ON, **path_env(b)}, secrets.token_hex(28)) for b in bases]
+    try:
+        for (environ, node), factor in zip(clusters, (2, 4)):
+            shield.publish(*_directory(factor), "llmserve", environ, node)
+        with contextlib.ExitStack() as stack:
+            clients = []
+            for environ, node in clusters:
+                port = _free_port()
+                cfg = _config(
+                    environ, node, metrics=_free_port(), port=port, backend=backend.server_port
+                )
+                sock = Path(environ["RAY_SERVE_HAPROXY_SOCKET_PATH"])
+                sock = sock.parent / node / sock.name  # where Ray puts it for this node
+                cfg.write_text(
+                    f"global\n    stats socket {sock} mode 666 level admin expose-fd listeners\n"
+                    + cfg.read_text()
+                )
+                clients.append(stack.enter_context(_running(cfg, port)))
+            first, second = (_statuses(c, LIMITED, 30) for c in clients)
+        assert 10 <= first.count(200) <= 11 and first.count(429) == 30 - first.count(200)
+        assert 20 <= second.count(200) <= 21 and second.count(429) == 30 - second.count(200)
+    finally:
+        for base in bases:
+            assert remove_cluster_files(base) == [run_dir(base)]
