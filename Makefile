@@ -12,6 +12,11 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?= --rounds 5
 
+# Whether this machine's cluster answers: its GCS port first (`ray status` alone waits ~40 s for a
+# GCS that is not there), then Ray's own check, with the token.
+RAY_UP = { (exec 3<>/dev/tcp/127.0.0.1/$(RAY_PORT)) 2>/dev/null && \
+	$(BIN)/ray status --address 127.0.0.1:$(RAY_PORT) >/dev/null 2>&1; }
+
 .PHONY: install prepare serve stop test lint format unit integration clean prometheus chaos chaos-short bench
 
 install: $(STAMP)
@@ -33,21 +38,36 @@ prepare: install
 	$(BIN)/llmserve prepare $(CONFIG)
 
 # Ray runs with token auth, on loopback only, in Serve's throughput-optimized mode behind HAProxy
-# (serve_app/ray_env.py): the environment must be there when Ray's processes start. On a host
-# without a GPU they start on its last core, off the engine's (serve_app/platform_cores.py).
+# (serve_app/ray_env.py): the environment must be there when Ray's processes start. The token is
+# made first where Ray reads it, 0600 (serve_app/ray_token.py): Ray's own start only looks for one.
+# On a host without a GPU Ray's processes start on its last core, off the engine's
+# (serve_app/platform_cores.py). A `make serve` already serving this config says so and stops.
 serve: prepare
+	@if $(BIN)/llmserve serving $(CONFIG); then exit 0; fi; \
 	eval "$$($(BIN)/llmserve ray-env)"; \
-	$(BIN)/ray status --address 127.0.0.1:$(RAY_PORT) >/dev/null 2>&1 || \
-	$(BIN)/llmserve confined -- $(BIN)/ray start --head \
-		--port $(RAY_PORT) --num-cpus $(RAY_NUM_CPUS) --include-dashboard=true \
-		--dashboard-host 127.0.0.1 --dashboard-port $(DASHBOARD_PORT) \
-		--metrics-export-port $(METRICS_PORT) --disable-usage-stats; \
-	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) \
-	$(BIN)/serve run $(CONFIG)
+	$(BIN)/llmserve ray-token || exit 1; \
+	if $(RAY_UP); then \
+		echo "make serve: Ray already runs at 127.0.0.1:$(RAY_PORT); serving $(CONFIG) on it"; \
+	else \
+		$(BIN)/llmserve confined -- $(BIN)/ray start --head \
+			--port $(RAY_PORT) --num-cpus $(RAY_NUM_CPUS) --include-dashboard=true \
+			--dashboard-host 127.0.0.1 --dashboard-port $(DASHBOARD_PORT) \
+			--metrics-export-port $(METRICS_PORT) --disable-usage-stats || exit 1; \
+	fi; \
+	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(BIN)/serve run $(CONFIG)
 
+# Serve's apps, then every Ray process of this user on the machine (`ray stop`), then the files
+# the cluster's HAProxy and shield left (serve_app/ray_env.py). Run again, it says there is
+# nothing to stop. What it leaves on purpose: docs/operations.md.
 stop:
-	-$(BIN)/serve shutdown -y
-	-$(BIN)/ray stop
+	@eval "$$($(BIN)/llmserve ray-env)"; \
+	if $(RAY_UP); then \
+		RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(BIN)/serve shutdown -y; \
+	else \
+		echo "make stop: no Ray cluster answers at 127.0.0.1:$(RAY_PORT)"; \
+	fi; \
+	$(BIN)/ray stop; \
+	$(BIN)/llmserve cleanup
 
 # Debian's Prometheus: promtool for the dashboard unit tests, the server for the dashboard check.
 prometheus:

@@ -7,6 +7,9 @@ llmserve status [--url http://127.0.0.1:8000] [--metrics-url http://127.0.0.1:80
                 # live per-model view: replicas, queue, TTFT, tokens/s; --timeout-s bounds each
                 # HTTP call
 llmserve ray-env [--cluster]         # `export` lines of the Ray environment to start Ray under
+llmserve ray-token                   # make the cluster's Ray token (0600) where Ray reads it
+llmserve cleanup [--port-base N]     # remove a stopped cluster's files (HAProxy's, the shield's)
+llmserve serving [serve_config.yaml] # exit 0 if the config's app already answers on its port
 llmserve confined -- ray start ...   # a command on the platform's cores, off the engines'
 llmserve plan [serve_config.yaml] [--device-memory 80GiB] [--utilization 0.9]
               [--context-len 2048] [--hf-config config.json]  # weights and KV per scheme
@@ -178,6 +181,27 @@ def _plan(args, configs_path: Path) -> int:
     return 1 if failed else 0
 
 
+def _serving(config_path: Path) -> int:
+    """0 where the config's HTTP address already answers the platform's /healthz (a `make
+    serve` running): the Makefile then says so instead of deploying over it."""
+    import httpx
+
+    try:
+        http = (yaml.safe_load(config_path.read_text()) or {}).get("http_options") or {}
+    except (OSError, yaml.YAMLError) as e:
+        print(f"llmserve serving: {e}", file=sys.stderr)
+        return 2
+    host, port = http.get("host", "127.0.0.1"), http.get("port", 8000)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    try:
+        ok = httpx.get(f"{url}/healthz", timeout=2).json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError, AttributeError):
+        ok = False
+    if ok:
+        print(f"llmserve already serves on {url} (`make stop` stops it)")
+    return 0 if ok else 1
+
+
 def _size_arg(text: str) -> int:
     try:
         return mp.parse_size(text)
@@ -188,7 +212,7 @@ def _size_arg(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmserve")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("prepare", "check"):
+    for name in ("prepare", "check", "serving"):
         p = sub.add_parser(name)
         p.add_argument("config", nargs="?", default="serve_config.yaml", type=Path)
     st = sub.add_parser("status", help="live per-model view from the Router and Ray's metrics")
@@ -227,6 +251,18 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster",
         action="store_true",
         help="for a cluster of several nodes: no loopback-only mode",
+    )
+    sub.add_parser(
+        "ray-token",
+        help="make the cluster's Ray token where Ray reads it, readable by this user "
+        "alone (serve_app/ray_token.py); before `ray start`",
+    )
+    cl = sub.add_parser(
+        "cleanup",
+        help="remove the files a stopped cluster's HAProxy and shield left (serve_app/ray_env.py)",
+    )
+    cl.add_argument(
+        "--port-base", type=int, help="the port base the cluster's environment was made with"
     )
     co = sub.add_parser(
         "confined",
@@ -288,6 +324,28 @@ def main(argv: list[str] | None = None) -> int:
 
         for key, value in ray_env.cluster_env(single_machine=not args.cluster).items():
             print(f"export {key}={shlex.quote(value)}")
+        return 0
+    if args.command == "ray-token":
+        from serve_app import ray_token
+
+        try:
+            path, made = ray_token.ensure()
+        except OSError as e:
+            print(f"llmserve ray-token: {e}", file=sys.stderr)
+            return 1
+        if path is None:
+            print(f"Ray's token: from ${ray_token.TOKEN_ENV}")
+        else:
+            made_now = "made now, " if made else ""
+            print(f"Ray's token: {path} ({made_now}readable by this user alone)")
+        return 0
+    if args.command == "serving":
+        return _serving(args.config)
+    if args.command == "cleanup":
+        from serve_app import ray_env
+
+        for path in ray_env.remove_cluster_files(args.port_base):
+            print(f"removed {path}")
         return 0
     if args.command == "confined":
         from serve_app import platform_cores

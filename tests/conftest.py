@@ -4,8 +4,11 @@ HAProxy). Ray reads its token mode once, at import, so this cannot wait for a fi
 
 import os
 
-from serve_app import ray_env
+from serve_app import ray_env, ray_token
 
+# The token Ray would otherwise make itself, world-readable, at the first ray.init() of a
+# machine where Ray never ran (serve_app/ray_token.py).
+ray_token.ensure()
 # HAProxy's and the fallback proxy's fixed ports next to the session's Serve port.
 ray_env.apply(int(os.environ.get("LLMSERVE_TEST_PORT", "18000")) + 1)
 # Serve holds a Router (a direct-ingress replica) open at least 30 s when it stops, for load

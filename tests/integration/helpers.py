@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import httpx
+import psutil
 
 from tests.integration.conftest import CALL_TIMEOUT_S, CLIENT_TIMEOUT_S, KEYS, TINY, engine_stats
 
@@ -73,3 +74,18 @@ def wait_idle(http: httpx.Client, timeout_s: float = CALL_TIMEOUT_S) -> dict:
     assert (sim.num_unfinished, sim.num_running) == (0, 0), sim
     assert not busy, models
     return models
+
+
+def cluster_processes(tmp: str) -> list[psutil.Process]:
+    """Every process of a cluster `make serve` started with its Ray temp dir (RAY_TMPDIR) in
+    `tmp`: they name that folder, or descend from one that does."""
+    found = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if tmp in " ".join(p.info["cmdline"] or []):
+                found[p.pid] = p
+                for c in p.children(recursive=True):
+                    found[c.pid] = c
+        except psutil.Error:
+            continue
+    return list(found.values())

@@ -18,6 +18,8 @@ import httpx
 import psutil
 import pytest
 
+from tests.integration.helpers import cluster_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 # Above Ray's worker port range (10002-19999), which its own checks keep clear.
 PORTS = {"RAY_PORT": 21379, "DASHBOARD_PORT": 21265, "METRICS_PORT": 21080}
@@ -35,21 +37,6 @@ applications:
 """
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 pytestmark = pytest.mark.timeout(900)
-
-
-def ours(tmp: str) -> list[psutil.Process]:
-    """Every process of the cluster `make serve` started: they name its temp dir, or descend
-    from one that does."""
-    found = {}
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if tmp in " ".join(p.info["cmdline"] or []):
-                found[p.pid] = p
-                for c in p.children(recursive=True):
-                    found[c.pid] = c
-        except psutil.Error:
-            continue
-    return list(found.values())
 
 
 def listeners(procs: list[psutil.Process]) -> list[tuple[str, int, str]]:
@@ -117,7 +104,7 @@ def make_serve():
         yield tmp
     finally:
         os.killpg(make.pid, signal.SIGTERM)
-        procs = ours(tmp)
+        procs = cluster_processes(tmp)
         for p in procs:
             try:
                 p.terminate()
@@ -135,7 +122,7 @@ def make_serve():
 
 
 def test_make_serve_listens_beyond_loopback_only_behind_token_auth(make_serve):
-    found = listeners(ours(make_serve))
+    found = listeners(cluster_processes(make_serve))
     assert any(port == HTTP_PORT for _, port, _ in found), found  # the API, on loopback
     wide = [(ip, port, name) for ip, port, name in found if ip not in LOOPBACK]
     print(f"\n{len(found)} listening sockets; beyond loopback: {wide}")
