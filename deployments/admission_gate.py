@@ -83,6 +83,7 @@ class Gate:
                 ageing_s=adm.ageing_s,
                 capped_priority=max(adm.priority_levels.values()),
                 batch_max_share=adm.batch_max_share,
+                engine_slots=self._engine_slots(m, _initial_replicas(m)),
             )
             for m in config.models
         }
@@ -104,6 +105,11 @@ class Gate:
             # sees it and starts a replica; the rest wait in the queue (within their deadline).
             return 1
         return math.ceil(model.deployment.max_ongoing_requests * num_replicas * self._share)
+
+    def _engine_slots(self, model: ModelConfig, num_replicas: int) -> int:
+        # This Router replica's share of the sequences the model's engines run at once: what
+        # the classes share (batch_max_share), where the capacity also counts their waiting line.
+        return math.ceil(model.engine.max_num_seqs * num_replicas * self._share)
 
     def priority(self, tenant: TenantConfig) -> int:
         return self._levels[tenant.priority]
@@ -267,9 +273,10 @@ class Gate:
     def set_live_replicas(self, model: str, num_replicas: int) -> None:
         self._live_replicas[model] = num_replicas
         capacity = self._capacity(self._models[model], num_replicas)
+        engine_slots = self._engine_slots(self._models[model], num_replicas)
         queue = self._queues[model]
-        if capacity != queue.capacity:
-            self._start(queue.set_capacity(capacity, self.clock()))
+        if (capacity, engine_slots) != (queue.capacity, queue.engine_slots):
+            self._start(queue.set_capacity(capacity, self.clock(), engine_slots))
 
     def not_ready(self) -> dict[str, str]:
         """Models that cannot serve now, with why; empty when the app is ready for traffic."""

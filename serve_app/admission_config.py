@@ -111,8 +111,9 @@ class AdmissionConfig(Strict):
         gt=0,
         le=1,
         description="The lowest class (the largest level: batch) holds at most this share of "
-        "a model's in-flight slots, at least one; the rest stay free for the other classes, "
-        "so their requests start at once under a batch flood. 1 = no reservation.",
+        "a model's engine slots (max_num_seqs x replicas), at least one; the rest stay free for "
+        "the other classes, so their requests start at once under a batch flood. 1 = no "
+        "reservation (batch may also fill the engines' waiting line).",
     )
     shield_factor: float = Field(
         default=2.0,

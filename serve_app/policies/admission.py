@@ -18,12 +18,17 @@ it waits, so batch work passes newer interactive work after long enough and is n
 starved.
 
 Reserved slots: requests of the capped class (base priority >= `capped_priority`, batch by
-default) hold at most `batch_max_share` of the slots (at least one). Without it a saturating
-batch job fills every slot, and an interactive request waits for one of them to finish
-(with synchronized batch clients, a whole generation) before the engine sees it; vLLM's
+default) hold at most `batch_max_share` of the engines' slots (`engine_slots`: the sequences
+the model's engines run at once, at least one). Of the engines' slots, not of the capacity:
+the capacity is larger than the engines' slots on purpose (their own waiting line refills a
+finished sequence's slot at the next step), and a share of it (0.75 x 1.5 x max_num_seqs) let
+batch fill every engine slot. Then an interactive request waits in the engine's line for a
+batch sequence to finish (with synchronized batch clients, a whole generation): vLLM's
 priority scheduling only orders its waiting line, it does not stop running sequences to make
-room. Invariant after every call: every queued entry that could start has started, so a
-newcomer admitted at once overtakes only capped entries held back by their cap.
+room. With the cap, batch never holds the engines' last slots, and never waits in their line.
+At share 1 (no reservation) the class may hold the whole capacity. Invariant after every
+call: every queued entry that could start has started, so a newcomer admitted at once
+overtakes only capped entries held back by their cap.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ class AdmissionPolicy:
         min_retry_after_s: float = 1.0,
         capped_priority: int | None = None,
         batch_max_share: float = 1.0,
+        engine_slots: int | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -123,6 +129,7 @@ class AdmissionPolicy:
         self._min_retry_after_s = min_retry_after_s
         self._capped_priority = capped_priority
         self._batch_max_share = batch_max_share
+        self._engine_slots = self._check_engine_slots(engine_slots)
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
         self._in_flight_capped: set[str] = set()
         self._queued: dict[str, _Entry] = {}
@@ -144,9 +151,20 @@ class AdmissionPolicy:
         return len(self._in_flight)
 
     @property
+    def engine_slots(self) -> int | None:
+        return self._engine_slots
+
+    @property
     def capped_limit(self) -> int:
-        """Slots the capped class may hold: its share of the capacity, at least one."""
-        return max(1, math.floor(self._capacity * self._batch_max_share))
+        """Slots the capped class may hold: its share of the engines' slots (of the capacity
+        where that is smaller or the engines' is unknown), at least one; at share 1, the
+        whole capacity."""
+        if self._batch_max_share >= 1:
+            return self._capacity
+        slots = self._capacity
+        if self._engine_slots is not None:
+            slots = min(slots, self._engine_slots)
+        return max(1, math.floor(slots * self._batch_max_share))
 
     @property
     def num_queued(self) -> int:
@@ -220,8 +238,11 @@ class AdmissionPolicy:
             self._mean_service_s += _SERVICE_TIME_WEIGHT * (service_s - self._mean_service_s)
         return self._start_queued(now_s)
 
-    def set_capacity(self, capacity: int, now_s: float) -> list[str]:
-        """Follow the live replicas (max_ongoing_requests x replicas); return ids that start.
+    def set_capacity(
+        self, capacity: int, now_s: float, engine_slots: int | None = None
+    ) -> list[str]:
+        """Follow the live replicas (max_ongoing_requests x replicas, and their engines'
+        max_num_seqs x replicas); return ids that start.
 
         A shrink never stops running requests: in-flight may stay above the new capacity,
         and nothing starts until it has dropped below.
@@ -229,7 +250,14 @@ class AdmissionPolicy:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self._capacity = capacity
+        self._engine_slots = self._check_engine_slots(engine_slots)
         return self._start_queued(now_s)
+
+    @staticmethod
+    def _check_engine_slots(engine_slots: int | None) -> int | None:
+        if engine_slots is not None and engine_slots < 0:
+            raise ValueError(f"engine_slots must be >= 0, got {engine_slots}")
+        return engine_slots
 
     def cancel(self, entry_id: str) -> bool:
         """Drop a queued entry (its client left). False if it is not queued; an entry that

@@ -30,6 +30,7 @@ def make_gate(
     num_replicas: int = 1,
     num_router_replicas: int = 1,
     clock: FakeClock | None = None,
+    max_num_seqs: int = 64,
     **admission,
 ) -> tuple[Gate, dict[str, TenantConfig], FakeClock]:
     tenants = tenants or ({"name": "t"},)
@@ -39,6 +40,7 @@ def make_gate(
                 {
                     "name": MODEL,
                     "source": "org/m",
+                    "engine": {"max_num_seqs": max_num_seqs},
                     "deployment": {
                         "num_replicas": num_replicas,
                         "max_ongoing_requests": max_ongoing_requests,

@@ -55,3 +55,40 @@ def test_batch_expected_wait_counts_its_share_of_the_slots():
 def test_batch_share_must_be_a_share(share):
     with pytest.raises(ValueError, match="batch_max_share"):
         make(capped_priority=BATCH, batch_max_share=share)
+
+
+# The shipped default model: max_num_seqs 32, max_ongoing_requests 48 (the engine's waiting
+# line), batch_max_share 0.75. A share of the 48 let batch hold 36: every one of the engine's
+# 32 slots, and an interactive request waited for a 256-token batch answer to end.
+@pytest.mark.parametrize(
+    ("capacity", "engine_slots", "share", "limit"),
+    [
+        (48, 32, 0.75, 24),  # 8 engine slots stay for the classes with a first-token promise
+        (48, None, 0.75, 36),  # the engines' slots unknown: a share of the capacity
+        (16, 32, 0.5, 8),  # fewer Router slots than engine slots: a share of the capacity
+        (48, 32, 1.0, 48),  # no reservation: batch may fill the engines' waiting line too
+        (1, 0, 0.75, 1),  # scaled to zero: the one request that wakes a replica
+        (48, 1, 0.5, 1),  # at least one slot
+    ],
+)
+def test_batch_share_is_of_the_engines_slots(capacity, engine_slots, share, limit):
+    policy = make(
+        capacity=capacity, capped_priority=BATCH, batch_max_share=share, engine_slots=engine_slots
+    )
+    assert policy.capped_limit == limit
+
+
+def test_batch_never_holds_the_engines_last_slots_and_they_follow_the_replicas():
+    policy = make(capacity=6, capped_priority=BATCH, batch_max_share=0.5, engine_slots=4)
+    decisions = [policy.offer(f"b{i}", BATCH, 0.0) for i in range(4)]
+    assert [type(d) for d in decisions] == [Admit, Admit, Queue, Queue]  # 2 of 4 engine slots
+    assert policy.offer("i0", INTERACTIVE, 1.0) == Admit("i0")
+    assert policy.offer("i1", INTERACTIVE, 1.0) == Admit("i1")  # the engine's last slot
+    # A second replica: 8 engine slots, batch's share 4, the two queued start.
+    assert policy.set_capacity(12, 2.0, engine_slots=8) == ["b2", "b3"]
+    assert policy.capped_limit == 4
+
+
+def test_engine_slots_must_not_be_negative():
+    with pytest.raises(ValueError, match="engine_slots"):
+        make(capped_priority=BATCH, batch_max_share=0.5, engine_slots=-1)

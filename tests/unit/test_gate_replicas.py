@@ -51,6 +51,25 @@ async def test_zero_live_replicas_queue_everything_until_one_comes_back():
     assert_idle(gate)
 
 
+async def test_batch_holds_its_share_of_the_engines_slots_as_replicas_come_and_go():
+    # max_ongoing_requests 6 per replica (the engine's waiting line), max_num_seqs 4: batch's
+    # half is of the 4 engine slots, not of the 6, so interactive work always finds one.
+    gate, tenants, _ = make_gate(
+        *TENANTS, max_ongoing_requests=6, max_num_seqs=4, batch_max_share=0.5
+    )
+    gate.set_live_replicas(MODEL, 1)
+    batch = [spawn(gate, tenants["batch"]) for _ in range(4)]
+    await settle()
+    assert [t.done() for t in batch] == [True, True, False, False]
+    inter = await gate.admit(tenants["inter"], MODEL, 10, 60)  # at once, beside batch's two
+    gate.set_live_replicas(MODEL, 2)  # 8 engine slots: batch's share is 4
+    await settle()
+    assert all(t.done() for t in batch)
+    for ticket in [inter, *(t.result() for t in batch)]:
+        gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
 async def test_shrinking_capacity_never_stops_running_requests():
     gate, tenants, _ = make_gate({"name": "t"}, max_ongoing_requests=2, num_replicas=2)
     t = tenants["t"]
