@@ -71,6 +71,9 @@ class Dispatcher:
         """Admits, forwards and waits for the reply's head; raises OpenAIError."""
         trail = trail or self.trail(path, request_id)
         trail.priority = tenant.priority
+        trail.ttft_objective_s = self._config.admission.ttft_objective_s_by_class.get(
+            tenant.priority
+        )
         fields = read_fields(body, self._config.http.max_n)
         handle = self._handles.get(fields.model)
         model = self._config.model(fields.model)

@@ -30,6 +30,7 @@ class RequestTrail:
     priority: str = "unknown"
     stream: bool = False
     queue_wait_s: float | None = None
+    ttft_objective_s: float | None = None  # the class's first-token promise
     first_s: float | None = None  # monotonic time the first token was in hand
     replica: str | None = None
     num_prompt_tokens: int = 0
@@ -48,21 +49,21 @@ class RequestTrail:
         if self.first_s is not None and self.num_completion_tokens > 1:
             span_s = self.generation_s if self.generation_s is not None else end_s - self.first_s
             tpot_s = span_s / (self.num_completion_tokens - 1)
-        self.metrics.record(
-            RequestOutcome(
-                model=self.model,
-                tenant=self.tenant,
-                priority=self.priority,
-                outcome=outcome,
-                code=code,
-                e2e_s=end_s - self.start_s,
-                ttft_s=ttft_s,
-                tpot_s=tpot_s,
-                queue_wait_s=self.queue_wait_s,
-                num_prompt_tokens=self.num_prompt_tokens,
-                num_completion_tokens=self.num_completion_tokens,
-            )
+        done = RequestOutcome(
+            model=self.model,
+            tenant=self.tenant,
+            priority=self.priority,
+            outcome=outcome,
+            code=code,
+            e2e_s=end_s - self.start_s,
+            ttft_s=ttft_s,
+            tpot_s=tpot_s,
+            queue_wait_s=self.queue_wait_s,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_completion_tokens=self.num_completion_tokens,
+            ttft_objective_s=self.ttft_objective_s,
         )
+        self.metrics.record(done)
         access_log.info(
             json.dumps(
                 {
@@ -76,6 +77,7 @@ class RequestTrail:
                     "status": outcome,
                     "code": code or None,
                     "ttft_ms": None if ttft_s is None else round(ttft_s * 1000, 1),
+                    "ttft_objective": done.objective,
                     "e2e_ms": round((end_s - self.start_s) * 1000, 1),
                     "queue_wait_ms": None
                     if self.queue_wait_s is None

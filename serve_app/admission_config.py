@@ -103,6 +103,14 @@ class AdmissionConfig(Strict):
             "that batch work waits its turn while interactive work is refused at once.",
         )
     )
+    ttft_objective_s_by_class: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = (
+        Field(
+            default_factory=dict,
+            description="A class's first-token promise: e.g. {interactive: 1, standard: 2}. Each "
+            "admitted request of such a class is counted as having met or missed it "
+            "(llmserve_ttft_objective_total); a class without one (batch) has only its deadline.",
+        )
+    )
     ageing_s: float = Field(
         default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
     )
@@ -139,12 +147,13 @@ class AdmissionConfig(Strict):
 
     @model_validator(mode="after")
     def _known_classes(self) -> AdmissionConfig:
-        unknown = set(self.max_queue_wait_s_by_class) - set(self.priority_levels)
-        if unknown:
-            raise ValueError(
-                f"max_queue_wait_s_by_class: unknown classes {sorted(unknown)}; the classes are "
-                f"{sorted(self.priority_levels)}"
-            )
+        for field in ("max_queue_wait_s_by_class", "ttft_objective_s_by_class"):
+            unknown = set(getattr(self, field)) - set(self.priority_levels)
+            if unknown:
+                raise ValueError(
+                    f"{field}: unknown classes {sorted(unknown)}; the classes are "
+                    f"{sorted(self.priority_levels)}"
+                )
         by_level = self.max_queue_wait_s_by_level()
         for c, bound_s in self.max_queue_wait_s_by_class.items():
             if by_level[self.priority_levels[c]] != bound_s:  # the queue keeps one per level

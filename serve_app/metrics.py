@@ -34,8 +34,23 @@ class RequestOutcome:
     ttft_s: float | None = None
     tpot_s: float | None = None
     queue_wait_s: float | None = None
+    ttft_objective_s: float | None = None  # the class's first-token promise, where it has one
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
+
+    @property
+    def objective(self) -> str | None:
+        """ "met" or "missed" for an admitted request of a class with a first-token promise
+        (one that ended without a first token missed it, unless its client left first);
+        None where there is nothing to judge: no promise, refused at the door, or cancelled
+        by its client before its first token."""
+        if self.ttft_objective_s is None:
+            return None
+        if self.ttft_s is not None:
+            return "met" if self.ttft_s <= self.ttft_objective_s else "missed"
+        if self.queue_wait_s is None or self.outcome == "cancelled":
+            return None
+        return "missed"
 
 
 class RouterMetrics:
@@ -61,6 +76,12 @@ class RouterMetrics:
             "llmserve_requests",
             description="Requests by outcome (ok, cancelled, or HTTP status) and error code.",
             tag_keys=(*REQUEST_TAGS, "outcome", "code"),
+        )
+        self.ttft_objective = Counter(
+            "llmserve_ttft_objective",
+            description="Admitted requests of a class with a first-token promise "
+            "(admission.ttft_objective_s_by_class), by whether their first token met it.",
+            tag_keys=(*REQUEST_TAGS, "result"),
         )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens", description="Prompt tokens.", tag_keys=REQUEST_TAGS
@@ -101,6 +122,8 @@ class RouterMetrics:
             self.tpot.observe(r.tpot_s, tags=tags)
         if r.queue_wait_s is not None:
             self.queue_wait.observe(r.queue_wait_s, tags=tags)
+        if (objective := r.objective) is not None:
+            self.ttft_objective.inc(1, tags={**tags, "result": objective})
         if r.num_prompt_tokens:
             self.prompt_tokens.inc(r.num_prompt_tokens, tags=tags)
         if r.num_completion_tokens:

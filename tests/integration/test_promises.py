@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT
+from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, METRICS_PORT
 
 ROOT = Path(__file__).resolve().parents[2]
 APP, PREFIX = "promises", "/promises"
@@ -110,3 +110,23 @@ def test_interactive_first_token_beside_a_batch_flood_on_the_shipped_config(prom
     assert all(s is not None for s in beside), beside  # every interactive request served
     assert statistics.median(beside) <= MAX_TTFT_P50_S, beside
 
+
+def _objective_counts(tenant: str) -> dict[str, float]:
+    """llmserve_ttft_objective_total of one tenant on the promises app, by result."""
+    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("ray_llmserve_ttft_objective_total{") and f'tenant="{tenant}"' in line:
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            counts[result] = counts.get(result, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_the_class_s_first_token_promise_is_counted(promises_url):
+    # The shipped config promises interactive work its first token within 1 s: the scenario's
+    # idle interactive requests met it (the ones beside the flood may have too).
+    deadline = time.monotonic() + 60  # Ray exports application metrics every few seconds
+    while (counts := _objective_counts("demo-interactive")).get("met", 0) < 3:
+        assert time.monotonic() < deadline, counts
+        time.sleep(2)
+    assert not _objective_counts("demo-batch"), "batch has a deadline, no first-token promise"

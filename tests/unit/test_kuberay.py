@@ -156,7 +156,8 @@ def test_ray_autoscaler_reads_the_cluster_spec(cluster, serve_config):
 
 
 def test_pod_templates_pass_kubernetes_schema(cluster):
-    kv = pytest.importorskip("kubernetes_validate")
+    import kubernetes_validate as kv
+
     templates = [cluster["headGroupSpec"]["template"]] + [
         g["template"] for g in cluster["workerGroupSpecs"]
     ]
