@@ -6,13 +6,13 @@ import logging
 import subprocess
 
 import pytest
+import ray
 from pydantic import ValidationError
 
-ray = pytest.importorskip("ray")
-from serve_app.app import build_app, deployment_name  # noqa: E402
-from serve_app.config import ModelConfig  # noqa: E402
-from serve_app.model_source import ModelSourceError  # noqa: E402
-from serve_app.ray_env import REPLICA_ENV  # noqa: E402
+from serve_app.app import build_app, deployment_name
+from serve_app.config import ModelConfig
+from serve_app.model_source import ModelSourceError
+from serve_app.ray_env import REPLICA_ENV
 
 _validate = __import__("serve_app.config", fromlist=["AppConfig"]).AppConfig.model_validate
 ONE_TENANT = [{"name": "t", "api_keys": ["sk-wiring-test-01"]}]

@@ -11,13 +11,12 @@ import httpx
 import psutil
 import pytest
 
-pytest.importorskip("ray")
-from chaos.fault import fault_figures  # noqa: E402
-from chaos.figures import ok_rate  # noqa: E402
-from chaos.load import Result, _error_code  # noqa: E402
-from chaos.procs import add_engine, replica_of  # noqa: E402
-from chaos.scenarios.soak import _slope, memory_figures  # noqa: E402
-from chaos.watch import Sample, at_capacity  # noqa: E402
+from chaos.fault import fault_figures
+from chaos.figures import ok_rate
+from chaos.load import Result, _error_code
+from chaos.procs import add_engine, replica_of
+from chaos.scenarios.soak import _slope, memory_figures
+from chaos.watch import Sample, at_capacity
 
 
 def _sample(states, ids):

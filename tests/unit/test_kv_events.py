@@ -9,11 +9,10 @@ import stat
 import time
 from pathlib import Path
 
-import pytest
+import vllm.distributed.kv_events as kv_events
 
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
-from deployments.engine.kv_events import KVEventSubscriber  # noqa: E402
-from serve_app.policies.prefix_cache import block_key  # noqa: E402
+from deployments.engine.kv_events import KVEventSubscriber
+from serve_app.policies.prefix_cache import block_key
 
 
 def stored(*hashes: int | bytes) -> kv_events.BlockStored:

@@ -8,14 +8,11 @@ import json
 import time
 from types import SimpleNamespace
 
-import pytest
-
-pytest.importorskip("ray")
-from deployments import route_notes  # noqa: E402
-from deployments.request_router import LLMAwareRequestRouter  # noqa: E402
-from serve_app.policies.prefix_cache import block_keys  # noqa: E402
-from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats  # noqa: E402
-from tests.unit.router_helpers import FakeReplica, llm_router  # noqa: E402
+from deployments import route_notes
+from deployments.request_router import LLMAwareRequestRouter
+from serve_app.policies.prefix_cache import block_keys
+from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats
+from tests.unit.router_helpers import FakeReplica, llm_router
 
 BLOCK = 4
 

@@ -5,12 +5,10 @@ which models must still be asked of the Serve controller."""
 from __future__ import annotations
 
 import pytest
+from ray.serve.request_router import RequestRouter
 
-pytest.importorskip("ray")
-from ray.serve.request_router import RequestRouter  # noqa: E402
-
-from deployments import replica_counts  # noqa: E402
-from tests.unit.router_helpers import llm_router, replica, round_robin  # noqa: E402
+from deployments import replica_counts
+from tests.unit.router_helpers import llm_router, replica, round_robin
 
 
 @pytest.fixture(autouse=True)

@@ -14,12 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("ray")
-import deployments.request_router as rr  # noqa: E402
-from deployments.request_router import LLMAwareRequestRouter, replica_load  # noqa: E402
-from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose  # noqa: E402
-from serve_app.replica_call import RoutingStats  # noqa: E402
-from tests.unit.router_helpers import (  # noqa: E402
+import deployments.request_router as rr
+from deployments.request_router import LLMAwareRequestRouter, replica_load
+from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose
+from serve_app.replica_call import RoutingStats
+from tests.unit.router_helpers import (
     FakeReplica,
     ids,
     llm_router,

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-pytest.importorskip("ray")
-from serve_app.policies.replica_ledger import Sessions  # noqa: E402
-from serve_app.replica_call import RoutingStats  # noqa: E402
-from tests.unit.router_helpers import ids, llm_router, replica, request  # noqa: E402
+from serve_app.policies.replica_ledger import Sessions
+from serve_app.replica_call import RoutingStats
+from tests.unit.router_helpers import ids, llm_router, replica, request
 
 # -- in-flight accounting ---------------------------------------------------------------
 
