@@ -84,6 +84,9 @@ class Gate:
                 capped_priority=max(adm.priority_levels.values()),
                 batch_max_share=adm.batch_max_share,
                 engine_slots=self._engine_slots(m, _initial_replicas(m)),
+                ttft_objective_s_by_level={
+                    adm.priority_levels[c]: s for c, s in adm.ttft_objective_s_by_class.items()
+                },
             )
             for m in config.models
         }

@@ -5,7 +5,11 @@ seconds) and acts on the decisions; nothing here awaits, sleeps or does I/O, so 
 Router wraps it with asyncio futures and tests drive it with plain floats.
 
 - `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
-  `Reject("queue_full", retry_after_s)`.
+  `Reject("queue_full", retry_after_s)`. A class with a first-token promise
+  (`ttft_objective_s_by_level`) is refused at once (`queue_wait`) when the engine slot it
+  would get comes later than the promise: the queued entries ahead of it and the admitted
+  ones still in the engines' waiting line go first, one engine slot freeing every mean
+  service time / `engine_slots`. Admitted to miss it, it would only lengthen the line.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names, so
@@ -105,6 +109,7 @@ class AdmissionPolicy:
         capped_priority: int | None = None,
         batch_max_share: float = 1.0,
         engine_slots: int | None = None,
+        ttft_objective_s_by_level: Mapping[int, float] | None = None,
     ) -> None:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
@@ -130,6 +135,7 @@ class AdmissionPolicy:
         self._capped_priority = capped_priority
         self._batch_max_share = batch_max_share
         self._engine_slots = self._check_engine_slots(engine_slots)
+        self._ttft_objective_s_by_level = dict(ttft_objective_s_by_level or {})
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
         self._in_flight_capped: set[str] = set()
         self._queued: dict[str, _Entry] = {}
@@ -199,11 +205,18 @@ class AdmissionPolicy:
         """Decide a new request. Call `poll(now_s)` first so expired entries do not count."""
         if entry_id in self._queued or entry_id in self._in_flight:
             raise ValueError(f"entry {entry_id!r} was already offered")
+        entry = _Entry(entry_id, priority, now_s, next(self._seq))
+        objective_s = self._ttft_objective_s_by_level.get(priority)
+        if objective_s is not None:
+            first_s = self._expected_engine_wait_s(entry, now_s)
+            if first_s is not None and first_s > objective_s:
+                # Its first token would come after its class's promise: refused now, honestly,
+                # rather than admitted to miss it.
+                return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         # By the invariant, a free slot means that only capped entries over their cap wait.
         if self._may_start(priority):
             self._admit(entry_id, priority, now_s)
             return Admit(entry_id)
-        entry = _Entry(entry_id, priority, now_s, next(self._seq))
         wait_s = self._expected_wait_s(entry, now_s)
         if wait_s is not None and wait_s > self.max_wait_s(priority):
             # It would time out in the queue anyway: say so now, not after its bound.
@@ -343,6 +356,25 @@ class AdmissionPolicy:
         )
         slots = self.capped_limit if capped else self._capacity
         return (ahead + 1) * self._mean_service_s / slots
+
+    def _expected_engine_wait_s(self, entry: _Entry, now_s: float) -> float | None:
+        """Seconds until `entry` would have an engine slot, for a class with a first-token
+        promise: the queued entries ahead of it and the admitted ones still in the engines'
+        waiting line (in flight beyond the engines' slots) go first, one engine slot freeing
+        every mean service time / slots. 0 while a slot is free for it; None until a
+        completion has been seen or where the engines' slots are unknown (the queue's own
+        bound then applies alone)."""
+        if self._mean_service_s is None or not self._engine_slots:
+            return None
+        slots = min(self._capacity, self._engine_slots)
+        if slots == 0:
+            return None
+        key = self._key(entry, now_s)
+        ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
+        in_line = max(0, len(self._in_flight) - slots)
+        if ahead + in_line == 0 and len(self._in_flight) < slots:
+            return 0.0
+        return (ahead + in_line + 1) * self._mean_service_s / slots
 
     def _retry_after_s(self, priority: int) -> float:
         """When a refused client might be served: the time to work off today's queue at

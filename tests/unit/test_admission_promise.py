@@ -1,0 +1,54 @@
+"""Admission by predicted first-token time (serve_app/policies/admission.py): a request of a
+class with a first-token promise is refused at once when the engine slot it would get comes
+after that promise, instead of being admitted into the engines' waiting line to miss it."""
+
+from __future__ import annotations
+
+from serve_app.policies.admission import Admit, Queue, Reject
+from tests.unit.test_admission import BATCH, INTERACTIVE, STANDARD, make
+
+# 4 engine slots behind 6 Router slots (1.5x: the engines' own waiting line); interactive
+# promises its first token within 1 s, standard within 2 s; batch has only its queue bound.
+OBJECTIVES = {INTERACTIVE: 1.0, STANDARD: 2.0}
+
+
+def policy_with_service(service_s: float, **kw):
+    policy = make(
+        capacity=6, engine_slots=4, ttft_objective_s_by_level=OBJECTIVES, max_queue_len=10, **kw
+    )
+    policy.offer("warm", STANDARD, 0.0)
+    policy.release("warm", service_s)  # one completion: the mean service time
+    return policy
+
+
+def test_a_free_engine_slot_admits_at_once_whatever_the_service_time():
+    policy = policy_with_service(100.0)
+    assert [policy.offer(f"s{i}", STANDARD, 100.0) for i in range(4)] == [
+        Admit(f"s{i}") for i in range(4)
+    ]
+
+
+def test_the_engines_waiting_line_counts_against_the_promise():
+    # 4 s a request on 4 slots: an engine slot frees every second.
+    policy = policy_with_service(4.0)
+    for i in range(4):
+        assert policy.offer(f"s{i}", STANDARD, 4.0) == Admit(f"s{i}")
+    # Line empty, all slots busy: 1 x 4 s / 4 = 1 s to a slot, within standard's 2 s.
+    assert policy.offer("s4", STANDARD, 4.0) == Admit("s4")
+    # One ahead in the engines' line: 2 s, still within 2 s; interactive's 1 s is not.
+    assert isinstance(policy.offer("i0", INTERACTIVE, 4.0), Reject)
+    assert policy.offer("s5", STANDARD, 4.0) == Admit("s5")
+    # Two ahead: 3 s > 2 s, refused at once with a Retry-After, not queued to miss it.
+    r = policy.offer("s6", STANDARD, 4.0)
+    assert isinstance(r, Reject) and r.reason == "queue_wait" and r.retry_after_s >= 1
+    # Batch has no promise: it queues within its own bound as before.
+    assert isinstance(policy.offer("b0", BATCH, 4.0), Queue)
+
+
+def test_no_prediction_before_a_completion_or_without_the_engines_slots():
+    policy = make(capacity=6, engine_slots=4, ttft_objective_s_by_level=OBJECTIVES)
+    assert [type(policy.offer(f"s{i}", STANDARD, 0.0)) for i in range(7)] == [Admit] * 6 + [Queue]
+    blind = make(capacity=2, ttft_objective_s_by_level=OBJECTIVES)
+    blind.offer("w", STANDARD, 0.0)
+    blind.release("w", 100.0)
+    assert blind.offer("s0", STANDARD, 100.0) == Admit("s0")  # engines' slots unknown
