@@ -36,10 +36,16 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def shipped_args() -> dict:
+    """The shipped app, its default model alone, without the local demo's anonymous tenant:
+    this app's Router leaves its keys' limits in the session cluster's shield, where they stay
+    after `serve.delete` until the cluster stops, and the demo's anonymous limit (14 a second)
+    would then refuse the other test apps' anonymous traffic at HAProxy."""
     doc = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     args = doc["applications"][0]["args"]
     (model,) = [m for m in args["models"] if m["name"] == DEFAULT]
-    return {**args, "models": [model]}
+    tenants = [t for t in args["tenants"] if t["name"] != args["admission"]["anonymous_tenant"]]
+    admission = {**args["admission"], "anonymous_tenant": None}
+    return {**args, "models": [model], "tenants": tenants, "admission": admission}
 
 
 @pytest.fixture(scope="module")
