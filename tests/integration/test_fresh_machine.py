@@ -123,11 +123,9 @@ def fresh():
     try:
         deadline = time.monotonic() + READY_S
         while True:
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # not listening yet
                 if httpx.get(f"{API}/readyz", timeout=10).status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
             assert make.poll() is None, f"make serve exited ({make.returncode}):\n{f.tail()}"
             assert time.monotonic() < deadline, f"make serve did not come up:\n{f.tail()}"
             time.sleep(2)
@@ -138,10 +136,8 @@ def fresh():
             os.killpg(make.pid, signal.SIGTERM)
         procs = cluster_processes(f.ray_tmp) + haproxies()
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.Error):  # gone meanwhile
                 p.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(procs, timeout=10)
         ray_env.remove_cluster_files()
         shutil.rmtree(f.home, ignore_errors=True)
