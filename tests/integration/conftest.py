@@ -149,6 +149,7 @@ MAX_NUM_SEQS = 8
 CAPACITY = 16
 MAX_QUEUE_LEN = 24
 SIM_RATE_PER_S = 20.0
+SIM_BURST_REQUESTS = 10
 # Bounds only a slow host reaches, in one place for the next retune: this host's speed drifts
 # 2-3x by the hour, and a slow hour's CI saw an engine take 320 s to start and a 2 s request 55 s.
 ENGINE_READY_S = 900  # a replica with an engine starting (~30-80 s on a quiet hour)
@@ -271,7 +272,10 @@ def sim_app_args(otlp_endpoint: str) -> dict:
             {
                 "name": "metered",
                 "api_keys": [KEYS["metered"]],
-                "rate_limits": {"requests_per_s": SIM_RATE_PER_S, "max_burst_requests": 10},
+                "rate_limits": {
+                    "requests_per_s": SIM_RATE_PER_S,
+                    "max_burst_requests": SIM_BURST_REQUESTS,
+                },
             }
         ],
     }

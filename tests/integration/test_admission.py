@@ -15,6 +15,7 @@ from tests.integration.conftest import (
     CALL_TIMEOUT_S,
     DEFAULT,
     KEYS,
+    SIM_BURST_REQUESTS,
     SIM_PREFIX,
     SIM_RATE_PER_S,
     TINY,
@@ -161,7 +162,11 @@ def test_rate_limit_holds_across_two_router_replicas(base_url):
         f"the host was too slow to test the limit: {offered:.1f}/s offered against "
         f"{SIM_RATE_PER_S:g}/s"
     )
-    assert abs(rate - SIM_RATE_PER_S) <= 0.1 * SIM_RATE_PER_S
+    # A bucket may admit its whole burst on top of the rate in any window, and a request sent
+    # just before the window closes is admitted a queueing delay later: the top bound allows
+    # both; a Router replica holding the whole limit instead of its half would admit ~2x.
+    assert rate >= 0.9 * SIM_RATE_PER_S
+    assert rate <= 1.1 * (SIM_RATE_PER_S + SIM_BURST_REQUESTS / measure_s)
 
 
 def test_sim_app_needs_a_key(base_url):
