@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
             {},
             {},
             "kept: this tree's defaults (HAProxy with the shield, throughput-optimized Serve, "
-            "stream_flush_ms 50)",
+            "each token as the engine writes it)",
         )
     ]
     for v in args.variant:

@@ -115,6 +115,18 @@ def _peers(doc: dict) -> list[str]:
         lines.append(f"| output tokens/s at {c} streams | " + " | ".join(cells) + " |")
     cells = [f"{at(n, 1).get('ttft_p50_ms', '-')}" for n in names]
     lines.append("| TTFT p50 at 1 stream (ms) | " + " | ".join(cells) + " |")
+    for c in (1, 16, 64):
+        # Recorded from the run that added the gaps between pieces of text (44) on.
+        if any("itl_p50_ms" in at(n, c) for n in names):
+            cells = [
+                " / ".join(f"{at(n, c).get(f'itl_{q}_ms', '-')}" for q in ("p50", "p90", "p99"))
+                for n in names
+            ]
+            lines.append(
+                f"| inter-token latency p50 / p90 / p99 at {c} stream{'s' * (c > 1)} (ms) | "
+                + " | ".join(cells)
+                + " |"
+            )
     across = doc.get("across_rounds")
     if across:
         levels = list(across["levels"])

@@ -2,7 +2,7 @@
 
 The Router forwards each request to a replica as a `ReplicaRequest`; the replica answers it with
 its engine's OpenAI server (vLLM's own, in-process) and streams the reply back as ready bytes,
-coalesced per `deployment.stream_flush_ms` (serve_app/policies/stream_flush.py):
+as the engine writes them (serve_app/policies/stream_flush.py):
 `ReplyHead`, `bytes`..., `ReplyEnd` with the tokens the request used. Callable from any Ray
 app through a handle:
 

@@ -144,12 +144,14 @@ class DeploymentOptions(Strict):
     health_check_timeout_s: float = Field(default=30.0, gt=0)
     env_vars: dict[str, str] = Field(default_factory=dict)
     stream_flush_ms: float = Field(
-        default=50.0,
+        default=0.0,
         ge=0,
         le=1000,
-        description="A replica sends a stream's bytes at most once per this many ms (the first "
-        "at once): several tokens per Ray item, so the relay costs little CPU per token. 0: "
-        "every write at once.",
+        description="0 (the default): a replica sends a stream's bytes as soon as the engine "
+        "writes them, coalescing only what is written while its previous item is still being "
+        "sent. Above 0: an upper bound an operator may set, at most one item per this many ms "
+        "per stream (the first and last at once), fewer items for less relay CPU per token at "
+        "the price of text in lumps.",
     )
     cpu_nice: int = Field(
         default=0,

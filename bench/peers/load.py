@@ -100,7 +100,7 @@ def bench_args(
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
-        "50,99",
+        "50,90,99",
         "--goodput",
         f"ttft:{w.ttft_slo_ms:g}",
         f"tpot:{w.tpot_slo_ms:g}",

@@ -116,13 +116,18 @@ def _sweep_section(r: dict[str, Any]) -> list[str]:
             Row([lead, "TTFT p99 (ms)"], get("ttft_p99_ms")),
             Row([lead, "TPOT p50 (ms)"], get("tpot_p50_ms")),
             Row([lead, "TPOT p99 (ms)"], get("tpot_p99_ms")),
+            Row([lead, "ITL p50 (ms)"], get("itl_p50_ms")),
+            Row([lead, "ITL p90 (ms)"], get("itl_p90_ms")),
+            Row([lead, "ITL p99 (ms)"], get("itl_p99_ms")),
             Row([lead, "not completed"], lambda s, c=c: _not_completed(r, s, c), ratio=False),
         ]
     return [
         "## (a) Concurrency sweep (closed loop)",
         "",
         "Throughput at equal served work: llmserve's sweep tenant waits in its queue as long as "
-        "the loop needs, so a row with requests not completed is not a fair comparison.",
+        "the loop needs, so a row with requests not completed is not a fair comparison. "
+        "ITL: inter-token latency, the gap between one piece of a stream's text and the next "
+        "as the client reads them (tokens that arrive together count as gaps of 0).",
         "",
         *_table(r, ["concurrency", "metric"], rows),
         "",

@@ -123,6 +123,9 @@ async def sweep(
                     for m in ("ttft", "tpot")
                     for q in ("p50", "p99")
                 },
+                # Inter-token latency: the gap a reader sees between one piece of text and the
+                # next (a lump of several tokens is one piece and gaps of 0 within it).
+                **{f"itl_{q}_ms": round(agg[f"{q}_itl_ms"], 1) for q in ("p50", "p90", "p99")},
             }
         )
         print(

@@ -148,6 +148,40 @@ def test_without_a_flush_interval_every_write_crosses_alone():
     assert len(parts) >= 10  # head, ~9 writes, end
 
 
+async def relay_to_a_busy_hop(app, busy_s: float) -> list[tuple[float, object]]:
+    """Each part with when it was handed over, the hop taking `busy_s` to send each one (the
+    generator waits at its `yield` meanwhile, as it does while Serve writes the item)."""
+    call = AsgiCall(app, request())
+    loop = asyncio.get_running_loop()
+    handed = []
+    async for part in reply_parts(call, Usage(7), FlushPolicy(0.0), "rep-1", lambda: False):
+        handed.append((loop.time(), part))
+        await asyncio.sleep(busy_s)
+    await call.close()
+    return handed
+
+
+@pytest.mark.parametrize(
+    "busy_s, most_items, fewest_items",
+    [
+        (0.0, 42, 35),  # a free hop: each of the 40 writes (5 ms apart) goes on its own
+        (0.03, 12, 5),  # a hop busy 30 ms an item: what was written meanwhile goes together
+    ],
+)
+def test_without_a_window_writes_coalesce_only_while_the_hop_is_busy(
+    busy_s, most_items, fewest_items
+):
+    handed = asyncio.run(relay_to_a_busy_hop(streaming_app(40, 0.005, {}), busy_s))
+    assert fewest_items <= len(handed) <= most_items, len(handed)
+    texts = SseChunks().feed(
+        b"".join(p.body if isinstance(p, ReplyHead | ReplyEnd) else p for _, p in handed)
+    )
+    assert [c["choices"][0]["text"] for c in texts] == [f"t{i}" for i in range(40)]
+    # Nothing waits longer than the hop's own busy time: no window on top.
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(handed, handed[1:])]
+    assert max(gaps) < busy_s + 0.005 + 0.05
+
+
 def test_closing_the_call_makes_the_app_see_the_client_leave():
     seen: dict = {}
 
