@@ -337,8 +337,7 @@ def main(argv: list[str] | None = None) -> None:
                 worktree,
                 {},
                 {},
-                f"commit {_git('rev-parse', '--short', args.base)}"
-                " (one Ray item per token, the proxy in the path)",
+                f"commit {_git('rev-parse', '--short', args.base)}, the tree before the change",
             )
         )
     # Here, not at the top: `--base` runs this file inside an older tree, whose bench package
