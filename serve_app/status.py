@@ -1,7 +1,9 @@
 """`llmserve status`: a live text view of each model, read from Ray's Prometheus export.
 
 Per model: healthy replicas (Ray Serve's `serve_deployment_replica_healthy`), the Router's queue
-depth and in-flight requests (summed over Router replicas), TTFT p50/p99 and generated tokens/s.
+depth and in-flight requests (summed over Router replicas), TTFT p50/p99, the share of requests
+whose class promises a first token (admission.ttft_objective_s_by_class) that got it in time,
+and generated tokens/s. The promise share is over the same interval as TTFT.
 TTFT comes from the Router's histogram: the bucket counts added since the previous refresh, or
 all-time counts (marked `*`) when nothing finished in between. Tokens/s is the generation token
 counter's increase over the measured time between two scrapes.
@@ -30,6 +32,7 @@ IN_FLIGHT = "ray_llmserve_in_flight"
 CAPACITY = "ray_llmserve_admission_capacity"
 TTFT_BUCKET = "ray_llmserve_ttft_seconds_bucket"
 GENERATION_TOKENS = "ray_llmserve_generation_tokens_total"
+TTFT_OBJECTIVE = "ray_llmserve_ttft_objective_total"
 DEPLOYMENT_PREFIX = "llm-"
 
 
@@ -48,6 +51,7 @@ class ModelMetrics:
     capacity: float | None = None
     ttft_buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
     generation_tokens: float | None = None
+    promise: dict[str, float] = field(default_factory=dict)  # result (met, missed) -> count
 
 
 @dataclass
@@ -67,6 +71,7 @@ class ModelRow:
     ttft_p99_s: float | None
     ttft_all_time: bool  # True when the quantiles are over all requests, not the last interval
     tokens_per_s: float | None
+    promise_kept: float | None = None  # share of promised first tokens in time, same interval
 
 
 def _add(current: float | None, value: float) -> float:
@@ -98,6 +103,9 @@ def parse_models(texts: Iterable[str]) -> dict[str, ModelMetrics]:
                 elif s.name == GENERATION_TOKENS:
                     m = by_model[model]
                     m.generation_tokens = _add(m.generation_tokens, s.value)
+                elif s.name == TTFT_OBJECTIVE and "result" in s.labels:
+                    promise = by_model[model].promise
+                    promise[s.labels["result"]] = promise.get(s.labels["result"], 0.0) + s.value
                 elif s.name == TTFT_BUCKET and "le" in s.labels:
                     le = float(s.labels["le"])  # "+Inf" parses as inf
                     buckets = by_model[model].ttft_buckets
@@ -165,11 +173,12 @@ def model_rows(prev: Snapshot | None, cur: Snapshot) -> list[ModelRow]:
     for model in sorted(cur.models):
         m = cur.models[model]
         before = prev.models.get(model) if prev else None
-        buckets, all_time = m.ttft_buckets, True
+        buckets, all_time, promise = m.ttft_buckets, True, m.promise
         if before is not None:
             delta = bucket_delta(before.ttft_buckets, m.ttft_buckets)
             if delta and max(delta.values(), default=0) > 0:
                 buckets, all_time = delta, False
+                promise = bucket_delta(before.promise, m.promise) or m.promise
         tokens_per_s = None
         if prev is not None:
             tokens_per_s = counter_rate(
@@ -188,9 +197,14 @@ def model_rows(prev: Snapshot | None, cur: Snapshot) -> list[ModelRow]:
                 ttft_p99_s=histogram_quantile(0.99, buckets),
                 ttft_all_time=all_time,
                 tokens_per_s=tokens_per_s,
+                promise_kept=_share(promise.get("met", 0.0), sum(promise.values())),
             )
         )
     return rows
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
 
 
 def _num(v: float | None) -> str:
@@ -208,7 +222,16 @@ def _secs(v: float | None, all_time: bool) -> str:
 
 def render(rows: list[ModelRow], header: str, notes: Iterable[str] = ()) -> str:
     """The text of one refresh."""
-    cols = ("model", "replicas", "queue", "in-flight", "TTFT p50", "TTFT p99", "tokens/s")
+    cols = (
+        "model",
+        "replicas",
+        "queue",
+        "in-flight",
+        "TTFT p50",
+        "TTFT p99",
+        "promise kept",
+        "tokens/s",
+    )
     table = [cols]
     for r in rows:
         in_flight = _num(r.in_flight)
@@ -223,6 +246,9 @@ def render(rows: list[ModelRow], header: str, notes: Iterable[str] = ()) -> str:
                 in_flight,
                 _secs(r.ttft_p50_s, r.ttft_all_time),
                 _secs(r.ttft_p99_s, r.ttft_all_time),
+                "-"
+                if r.promise_kept is None
+                else f"{r.promise_kept:.0%}" + ("*" if r.ttft_all_time else ""),
                 tok,
             )
         )

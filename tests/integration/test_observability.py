@@ -28,9 +28,10 @@ from tests.integration.conftest import (
     INT8,
     KEYS,
     METRICS_PORT,
+    SIM_PREFIX,
     TINY,
 )
-from tests.integration.helpers import send_at_once
+from tests.integration.helpers import SIM, SIM_KEY, send_at_once
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
 
 PROM_PORT = int(os.environ.get("LLMSERVE_TEST_PROMETHEUS_PORT", "19090"))
@@ -300,6 +301,10 @@ def test_status_once_shows_each_model(serve_app, capsys):
     with httpx.Client(base_url=serve_app, timeout=CLIENT_TIMEOUT_S) as http:
         r = http.post("/v1/completions", json={"model": DEFAULT, "prompt": "Hi", "max_tokens": 8})
         assert r.status_code == 200
+        # The sim app runs the shipped admission: its standard class promises a first token.
+        body = {"model": SIM, "prompt": "x", "max_tokens": 4, "stream": True}
+        r = http.post(f"{SIM_PREFIX}/v1/completions", json=body, headers=SIM_KEY)
+        assert r.status_code == 200
     argv = [
         "status",
         "--url",
@@ -319,6 +324,7 @@ def test_status_once_shows_each_model(serve_app, capsys):
         out = capsys.readouterr().out
         rows = {line.split()[0]: line.split() for line in out.splitlines()[3:] if line.strip()}
         shown = rc == 0 and len(rows.get(DEFAULT, [])) > 4 and rows[DEFAULT][4] != "-"
+        shown = shown and any(c.rstrip("*").endswith("%") for c in rows.get(SIM, []))
         if shown or time.monotonic() > deadline:
             break
         time.sleep(1)
@@ -329,4 +335,7 @@ def test_status_once_shows_each_model(serve_app, capsys):
     assert default[1] == "1", default  # one healthy replica
     assert default[3].endswith(f"/{CAPACITY}"), default  # in-flight/cap
     assert default[4] != "-" and default[6] != "-", default  # TTFT p50, TTFT p99 (value + unit)
+    assert default[8] == "-", default  # no promise in this app's admission
+    # The share of promised first tokens in time: the sim's one request met its 2 s.
+    assert [c.rstrip("*") for c in rows[SIM] if c.rstrip("*").endswith("%")] == ["100%"], rows
     assert TINY in rows

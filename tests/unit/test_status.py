@@ -24,7 +24,12 @@ R = 'application="llmserve",deployment="Router",replica="r1"'
 
 
 def exposition(
-    ttft: list[int], tokens: float, queue: float = 2, in_flight: float = 5, replicas: int = 2
+    ttft: list[int],
+    tokens: float,
+    queue: float = 2,
+    in_flight: float = 5,
+    replicas: int = 2,
+    promise: tuple[float, float] = (9, 1),
 ) -> str:
     """Ray-like text: two Router label sets (tenants), two Serve replicas, one 'unknown' model."""
     bounds = ["0.1", "0.25", "0.5", "1.0", "+Inf"]
@@ -54,6 +59,13 @@ def exposition(
         f'ray_llmserve_generation_tokens_total{{{R},model="{M}",priority="standard",tenant="a"}} '
         f"{tokens - 10}",
         f'ray_llmserve_generation_tokens_total{{{R},model="{M}",priority="batch",tenant="b"}} 10',
+        "# TYPE ray_llmserve_ttft_objective_total counter",
+        *(
+            f'ray_llmserve_ttft_objective_total{{{R},model="{M}",priority="{p}",'
+            f'result="{result}",tenant="a"}} {n / 2}'
+            for p in ("interactive", "standard")
+            for result, n in zip(("met", "missed"), promise)
+        ),
         "# HELP ray_llmserve_queue_depth Requests waiting.",
         "# TYPE ray_llmserve_queue_depth gauge",
         f'ray_llmserve_queue_depth{{{R},model="{M}"}} {queue}',
@@ -91,6 +103,7 @@ def test_parse_models_sums_label_sets_and_maps_deployments():
     assert (m.queue_depth, m.in_flight, m.capacity) == (2, 5, 16)
     assert m.generation_tokens == 110
     assert m.ttft_buckets == {0.1: 1, 0.25: 3, 0.5: 6, 1.0: 10, math.inf: 10}
+    assert m.promise == {"met": 9, "missed": 1}  # summed over classes
     tiny = models["tiny"]  # only Serve knows it: one healthy replica of two
     assert tiny.replicas == 1 and tiny.queue_depth is None and tiny.ttft_buckets == {}
     assert "unknown" not in models
@@ -170,8 +183,9 @@ def snap(t: float, text: str) -> Snapshot:
 def test_model_rows_use_the_last_interval_then_fall_back_to_all_time():
     a = snap(10.0, exposition([1, 2, 3, 4, 0], tokens=110))
     # Two seconds later: 4 more requests, all in (0.1, 0.25]; 70 more tokens.
-    b = snap(12.0, exposition([1, 6, 3, 4, 0], tokens=180))
+    b = snap(12.0, exposition([1, 6, 3, 4, 0], tokens=180, promise=(12, 2)))
     row = {r.model: r for r in model_rows(a, b)}[M]
+    assert row.promise_kept == pytest.approx(3 / 4)  # of the 4 promised in the interval
     assert not row.ttft_all_time
     assert row.ttft_p50_s == pytest.approx(0.1 + 0.15 * 2 / 4)
     assert row.ttft_p99_s == pytest.approx(0.1 + 0.15 * 3.96 / 4)
@@ -181,6 +195,7 @@ def test_model_rows_use_the_last_interval_then_fall_back_to_all_time():
     c = snap(14.0, exposition([1, 6, 3, 4, 0], tokens=180))
     row = {r.model: r for r in model_rows(b, c)}[M]
     assert row.ttft_all_time and row.tokens_per_s == 0
+    assert row.promise_kept == pytest.approx(9 / 10)  # all-time, as TTFT
     assert row.ttft_p50_s == pytest.approx(histogram_quantile(0.5, c.models[M].ttft_buckets))
     # First refresh: no previous scrape, no rate yet.
     row = {r.model: r for r in model_rows(None, a)}[M]
@@ -189,7 +204,7 @@ def test_model_rows_use_the_last_interval_then_fall_back_to_all_time():
 
 def test_render_table():
     a = snap(10.0, exposition([1, 2, 3, 4, 0], tokens=110))
-    b = snap(12.0, exposition([1, 6, 3, 4, 0], tokens=180))
+    b = snap(12.0, exposition([1, 6, 3, 4, 0], tokens=180, promise=(12, 2)))
     text = render(model_rows(a, b), "HEADER")
     lines = text.splitlines()
     assert lines[0] == "HEADER"
@@ -202,12 +217,14 @@ def test_render_table():
         "p50",
         "TTFT",
         "p99",
+        "promise",
+        "kept",
         "tokens/s",
     ]
     row = next(line for line in lines if line.startswith(M)).split()
-    assert row == [M, "2", "2", "5/16", "175", "ms", "248", "ms", "35.0"]
+    assert row == [M, "2", "2", "5/16", "175", "ms", "248", "ms", "75%", "35.0"]
     tiny = next(line for line in lines if line.startswith("tiny")).split()
-    assert tiny == ["tiny", "1", "-", "-", "-", "-", "-"]
+    assert tiny == ["tiny", "1", "-", "-", "-", "-", "-", "-"]
     assert "*" not in text
     assert "no models" in render([], "H")
     all_time = render(model_rows(None, a), "H")
