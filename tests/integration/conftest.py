@@ -139,7 +139,12 @@ OPEN_ACCESS = {"admission": {"anonymous_tenant": "anonymous"}, "tenants": [{"nam
 KEYS = {
     "interactive": "sk-test-interactive-0001",
     "batch": "sk-test-batch-0001",
+    # Each limited tenant is one test's own, so no test waits for another's bucket to refill.
     "limited": "sk-test-limited-0001",
+    "capped": "sk-test-capped-0001",
+    "door-flood": "sk-test-door-flood-0001",
+    "limited-beside": "sk-test-limited-beside-0001",
+    "flooder": "sk-test-flooder-0001",
     "tiny-only": "sk-test-tiny-only-0001",
     "metered": "sk-test-metered-0001",
 }
@@ -232,10 +237,19 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
                 "max_timeout_s": 600,
                 "default_timeout_s": 300,
             },
+            *(
+                {
+                    "name": name,
+                    "api_keys": [KEYS[name]],
+                    "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
+                    "max_tokens_cap": 16,
+                    "default_timeout_s": SLOW_HOST_DEADLINE_S,
+                }
+                for name in ("limited", "door-flood", "limited-beside", "flooder")
+            ),
             {
-                "name": "limited",
-                "api_keys": [KEYS["limited"]],
-                "rate_limits": {"requests_per_s": 0.5, "max_burst_requests": 2},
+                "name": "capped",
+                "api_keys": [KEYS["capped"]],
                 "max_tokens_cap": 16,
                 "default_timeout_s": SLOW_HOST_DEADLINE_S,
             },

@@ -145,14 +145,15 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     )
     assert r.status_code == 200 and r.headers["x-llmserve-tenant"] == "tiny-only"
 
-    # Limits: `limited` (0.5 requests/s, burst 2, max_tokens capped at 16) spends its own burst;
+    # Limits: `limited-beside` (0.5 requests/s, burst 2, max_tokens capped at 16) spends its own
+    # burst;
     # another tenant's key, at the same moment, is unaffected, and its requests are not capped.
     body = {"model": TINY, "prompt": "Hi", "max_tokens": 40, "ignore_eos": True}
     (*limited, other), _ = send_at_once(
-        base_url, 6, "/v1/completions", [auth("limited")] * 5 + [auth("interactive")], body
+        base_url, 6, "/v1/completions", [auth("limited-beside")] * 5 + [auth("interactive")], body
     )
     statuses = sorted(r.status_code for r in limited)
-    print(f"\n5 requests at once from `limited`: {statuses}")
+    print(f"\n5 requests at once from `limited-beside`: {statuses}")
     # Burst 2, then one every 2 s: all 5 admitted only if their arrivals spread over 6 s.
     assert set(statuses) == {200, 429}, statuses
     for r in limited:
@@ -162,12 +163,12 @@ def test_a_tenant_keeps_to_its_own_models_and_limits(http, base_url):
     assert other.status_code == 200 and other.headers["x-llmserve-tenant"] == "interactive"
     assert "x-max-tokens-clamped" not in other.headers
     assert other.json()["usage"]["completion_tokens"] == 40
-    # And `limited` is still held to its limit. However long the other tenant's request took,
+    # And `limited-beside` is still held to its limit. However long the other tenant's request took,
     # the bucket holds at most its burst of 2 by now: of 5 more at once, some are refused.
-    again, _ = send_at_once(base_url, 5, "/v1/completions", auth("limited"), body)
+    again, _ = send_at_once(base_url, 5, "/v1/completions", auth("limited-beside"), body)
     print(f"5 more: {sorted(r.status_code for r in again)}")
     refused = [r for r in again if r.status_code == 429]
-    assert refused and all(r.headers["x-llmserve-tenant"] == "limited" for r in refused)
+    assert refused and all(r.headers["x-llmserve-tenant"] == "limited-beside" for r in refused)
 
 
 def _otlp_spans(request) -> list[dict]:
@@ -323,7 +324,7 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
             "-c",
             FLOOD_SCRIPT,
             base_url,
-            KEYS["limited"],
+            KEYS["flooder"],
             str(flood_s),
             str(workers),
         ],
@@ -344,7 +345,7 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
     allowed = 2 + 0.5 * span_s  # the burst, then the rate, over the flood's measured span
     base_med, flood_med = statistics.median(baseline), statistics.median(during)
     print(
-        f"\nflood: {flooded} requests from `limited` in {span_s:.1f} s "
+        f"\nflood: {flooded} requests from `flooder` in {span_s:.1f} s "
         f"({flooded / span_s:.0f}/s, limit 0.5/s burst 2): {statuses}; victim `interactive`: "
         f"median {base_med * 1000:.0f} ms alone ({len(baseline)} requests), "
         f"{flood_med * 1000:.0f} ms under the flood ({len(during)} requests, max "
