@@ -6,12 +6,21 @@ Plain functions and constants, imported by name; conftest.py keeps the fixtures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 import httpx
 import psutil
 
-from tests.integration.conftest import CALL_TIMEOUT_S, CLIENT_TIMEOUT_S, KEYS, TINY, engine_stats
+from tests.integration.conftest import (
+    CALL_TIMEOUT_S,
+    CLIENT_TIMEOUT_S,
+    ENGINE_READY_S,
+    KEYS,
+    TINY,
+    engine_stats,
+)
 
 SIM = "sim-model"
 
@@ -89,3 +98,46 @@ def cluster_processes(tmp: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return list(found.values())
+
+
+def tiny_engine(max_num_seqs: int) -> dict:
+    """The engine block of the apps that run the tiny random model on two replicas."""
+    return {
+        "dtype": "auto",
+        "enforce_eager": True,
+        "max_model_len": 1024,
+        "max_num_seqs": max_num_seqs,
+        "cpu_kv_cache_space_gib": 1,
+    }
+
+
+def wait_running(app: str, deployments: list[str], replicas: int = 2) -> None:
+    """A deploy's replicas start one engine each: ~30 s here, 320 s seen on a slow hour's CI;
+    measuring while one still starts would measure the start, not what the test is about."""
+    from ray import serve
+
+    deadline, states = time.monotonic() + ENGINE_READY_S, {}
+    while time.monotonic() < deadline:
+        ds = serve.status().applications[app].deployments
+        states = {name: (ds[name].status, ds[name].replica_states) for name in deployments}
+        if all(v == ("HEALTHY", {"RUNNING": replicas}) for v in states.values()):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{app}: replicas not all running within {ENGINE_READY_S} s: {states}")
+
+
+@contextlib.contextmanager
+def deployed_app(
+    cluster_url: str, args: dict, name: str, prefix: str, deployments: list[str]
+) -> Iterator[str]:
+    """The app deployed on the test cluster, its replicas running: its URL; deleted after."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    serve.run(build_app(args), name=name, route_prefix=prefix)
+    try:
+        wait_running(name, deployments)
+        yield f"{cluster_url}{prefix}"
+    finally:
+        serve.delete(name)

@@ -19,8 +19,8 @@ import pytest
 from ray import serve
 
 from bench.client import send
-from serve_app.app import build_app
 from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
+from tests.integration.helpers import deployed_app, tiny_engine
 
 # Each test may wait for engines to start (two, in the first): longer than the default limit.
 pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
@@ -38,13 +38,7 @@ def routing_app(model_dirs) -> dict:
             {
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
-                "engine": {
-                    "dtype": "auto",
-                    "enforce_eager": True,
-                    "max_model_len": 1024,
-                    "max_num_seqs": 32,
-                    "cpu_kv_cache_space_gib": 1,
-                },
+                "engine": tiny_engine(32),
                 "deployment": {
                     "num_replicas": 2,
                     "max_ongoing_requests": 32,
@@ -86,25 +80,12 @@ def sim_pair_app() -> dict:
     }
 
 
-def _wait_running(app: str, deployments: list[str]) -> None:
-    """A deploy's replicas start one engine each: ~30 s here, 320 s seen on a slow hour's CI;
-    measuring while one still starts would measure the start, not the routing."""
-    deadline, states = time.monotonic() + ENGINE_READY_S, {}
-    while time.monotonic() < deadline:
-        ds = serve.status().applications[app].deployments
-        states = {name: (ds[name].status, ds[name].replica_states) for name in deployments}
-        if all(v == ("HEALTHY", {"RUNNING": 2}) for v in states.values()):
-            return
-        time.sleep(1)
-    raise AssertionError(f"{app}: replicas not all running within {ENGINE_READY_S} s: {states}")
-
-
 @pytest.fixture(scope="module")
 def url(serve_cluster, model_dirs):
-    serve.run(build_app(routing_app(model_dirs)), name="routing", route_prefix=PREFIX)
-    _wait_running("routing", [f"llm-{NAME}"])
-    yield f"{serve_cluster}{PREFIX}"
-    serve.delete("routing")
+    with deployed_app(
+        serve_cluster, routing_app(model_dirs), "routing", PREFIX, [f"llm-{NAME}"]
+    ) as app_url:
+        yield app_url
 
 
 async def _request(
@@ -159,15 +140,14 @@ def _balance(url: str, model: str) -> tuple[dict[str, int], dict[str, int]]:
 def test_llm_aware_routing_balances_better_than_round_robin(serve_cluster):
     """The policies side by side on simulated replicas: round-robin sends every long request
     of the alternating load to one replica; the LLM-aware router spreads them."""
-    serve.run(build_app(sim_pair_app()), name="routing-sim", route_prefix="/routing-sim")
-    try:
-        _wait_running("routing-sim", [f"llm-sim-{p}" for p in POLICIES])
+    deployments = [f"llm-sim-{p}" for p in POLICIES]
+    with deployed_app(
+        serve_cluster, sim_pair_app(), "routing-sim", "/routing-sim", deployments
+    ) as app_url:
         peaks, longs = {}, {}
         for policy in POLICIES:
-            peaks[policy], longs[policy] = _balance(f"{serve_cluster}/routing-sim", f"sim-{policy}")
+            peaks[policy], longs[policy] = _balance(app_url, f"sim-{policy}")
             assert len(peaks[policy]) == 2, f"{policy} used replicas {peaks[policy]}"
-    finally:
-        serve.delete("routing-sim")
     imbalance = {p: max(v.values()) - min(v.values()) for p, v in peaks.items()}
     print(
         f"\nsimulated replicas: peak concurrent requests per replica {peaks}, long requests "
