@@ -32,12 +32,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from ray.serve._private.haproxy import HAProxyManager
 
 from serve_app.config import TenantConfig
 from serve_app.openai_protocol import OpenAIError
@@ -160,10 +161,11 @@ def publish(
 
 
 def backend_safe_name(app: str) -> str:
-    """The app's name as Ray names its HAProxy backend `http-<name>` (Ray's `get_safe_name`):
-    the wrapper merges the map of an app only while the config has its backend, so an app
-    deleted from a running cluster (`serve.delete`) stops setting limits at the next reload."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", app.replace("#", "-").replace("/", "."))
+    """The app's name as Ray names its HAProxy backend `http-<name>`: the wrapper merges the
+    map of an app only while the config has its backend, so an app deleted from a running
+    cluster (`serve.delete`) stops setting limits at the next reload. Ray's own rule, not a
+    copy of it: the two must never drift apart."""
+    return HAProxyManager.get_safe_name(app)
 
 
 def _own_folder(shield: Path) -> None:
