@@ -23,11 +23,18 @@ from deployments.request_path import OpenReply, session_of
 from serve_app import tracing
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.metrics import RouterMetrics
-from serve_app.openai_protocol import read_fields, rewrite_body
+from serve_app.openai_protocol import (
+    check_responses_body,
+    max_tokens_fields,
+    read_fields,
+    rewrite_body,
+)
 from serve_app.replica_call import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     GENERATION_PATHS,
+    RESPONSES_PATH,
+    TENANT_HEADER,
     ReplicaRequest,
 )
 from serve_app.tenancy import estimate_prompt_tokens, model_not_found, request_terms
@@ -54,7 +61,9 @@ class Dispatcher:
         }
 
     def trail(self, path: str, request_id: str) -> RequestTrail:
-        kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion"}.get(path, path.rsplit("/")[-1])
+        kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion", RESPONSES_PATH: "response"}.get(
+            path, path.rsplit("/")[-1]
+        )
         return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
 
     async def open(
@@ -74,7 +83,10 @@ class Dispatcher:
         trail.ttft_objective_s = self._config.admission.ttft_objective_s_by_class.get(
             tenant.priority
         )
-        fields = read_fields(body, self._config.http.max_n)
+        token_fields = max_tokens_fields(path)
+        fields = read_fields(body, self._config.http.max_n, token_fields)
+        if path == RESPONSES_PATH:
+            check_responses_body(body)
         handle = self._handles.get(fields.model)
         model = self._config.model(fields.model)
         if handle is None:
@@ -108,6 +120,7 @@ class Dispatcher:
                     default_max_tokens=model.max_tokens_default,
                     max_tokens_cap=tenant.max_tokens_cap,
                     priority=priority,
+                    token_fields=token_fields,
                 )
             )
             with tracing.tracer.start_as_current_span("dispatch") as span:
@@ -120,6 +133,7 @@ class Dispatcher:
                         *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
                         *trace_headers,
                         ("x-request-id", request_id),
+                        (TENANT_HEADER, tenant.name),
                         *(
                             ()
                             if any(k == "content-type" for k, _ in headers)

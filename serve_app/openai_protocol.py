@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.replica_call import RESPONSES_PATH
+
 # ---------------------------------------------------------------------------------------- errors
 
 ERROR_TYPES = {
@@ -136,6 +138,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 # further); beyond this a number is a mistake, not a deadline.
 MAX_TIMEOUT_S = 86_400.0
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+MAX_OUTPUT_TOKENS = "max_output_tokens"  # the Responses API's
 # Fields vLLM's server uses before it checks their type, answering a 500 where a 400 is due
 # (vLLM 0.32: `"structured_outputs": [1, 2]` -> "'list' object has no attribute 'get'"). The
 # door refuses them as a 400, the one place the platform answers otherwise than `vllm serve`
@@ -164,7 +167,15 @@ class RequestFields:
     timeout_s: float | None
 
 
-def read_fields(body: dict[str, Any], max_n: int) -> RequestFields:
+def max_tokens_fields(path: str) -> tuple[str, ...]:
+    """Where a request of `path` asks for its most tokens: the Responses API's own field, or
+    chat's and completions' two (the first given wins)."""
+    return (MAX_OUTPUT_TOKENS,) if path == RESPONSES_PATH else MAX_TOKENS_FIELDS
+
+
+def read_fields(
+    body: dict[str, Any], max_n: int, token_fields: tuple[str, ...] = MAX_TOKENS_FIELDS
+) -> RequestFields:
     """The fields admission needs; raises a 400 for those that are the platform's own."""
     model = body.get("model")
     if model is None:
@@ -174,7 +185,7 @@ def read_fields(body: dict[str, Any], max_n: int) -> RequestFields:
     if not isinstance(model, str):
         raise OpenAIError(400, "model must be a string", param="model", code="invalid_value")
     max_tokens = None
-    for name in MAX_TOKENS_FIELDS:
+    for name in token_fields:
         value = _int_or_none(body.get(name))
         if value is not None and value > 0:
             max_tokens = value
@@ -187,6 +198,19 @@ def read_fields(body: dict[str, Any], max_n: int) -> RequestFields:
     if n > max_n:
         raise OpenAIError(400, f"n must be at most {max_n}", param="n", code="invalid_value")
     return RequestFields(model, max_tokens, n, _timeout(body.get("timeout")))
+
+
+def check_responses_body(body: dict[str, Any]) -> None:
+    """A 400 for what the platform does not serve of the Responses API: background mode (a
+    response that runs on after its request ends would hold an engine slot outside admission,
+    deadlines and the tenant's in-flight cap)."""
+    if body.get("background"):
+        raise OpenAIError(
+            400,
+            "background mode is not served: stream the response instead (stream: true)",
+            param="background",
+            code="unsupported_value",
+        )
 
 
 def _timeout(value: Any) -> float | None:
@@ -215,23 +239,26 @@ def rewrite_body(
     default_max_tokens: int | None = None,
     max_tokens_cap: int | None = None,
     priority: int | None = None,
+    token_fields: tuple[str, ...] = MAX_TOKENS_FIELDS,
 ) -> bytes:
     """The body a replica gets: the model's default max_tokens where the request gives none,
     the tenant's cap applied to both max_tokens fields (vLLM clips either to the context the
     prompt leaves), the tenant's priority instead of any the client sent, and the platform's
-    `timeout` removed."""
+    `timeout` removed. `token_fields`: the request's max-tokens fields (`max_tokens_fields`);
+    a default goes in the last."""
     out = dict(body)
     out.pop("timeout", None)
     out.pop("priority", None)  # the tenant's class decides, not the client
     if priority is not None:
         out["priority"] = priority
-    asked = [n for n in MAX_TOKENS_FIELDS if out.get(n) is not None]
+    asked = [n for n in token_fields if out.get(n) is not None]
     if max_tokens_cap is not None:
         for name in asked:
             value = _int_or_none(out[name])
             if value is not None:  # an odd value stays odd, for vLLM to refuse
                 out[name] = min(value, max_tokens_cap)
     if not asked and (default_max_tokens is not None or max_tokens_cap is not None):
-        out["max_tokens"] = min(n for n in (default_max_tokens, max_tokens_cap) if n is not None)
+        limit = min(n for n in (default_max_tokens, max_tokens_cap) if n is not None)
+        out[token_fields[-1]] = limit
     # ASCII escapes: a lone surrogate the client sent escaped stays valid JSON for vLLM.
     return json.dumps(out, separators=(",", ":")).encode()

@@ -20,8 +20,19 @@ from typing import Any, TypeVar
 # Paths a replica answers; the Router forwards nothing else to it.
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-FORWARDED_PATHS = (CHAT_PATH, COMPLETIONS_PATH, "/tokenize", "/detokenize", "/v1/embeddings")
-GENERATION_PATHS = (CHAT_PATH, COMPLETIONS_PATH)
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API (POST creates; GET/cancel: the Router)
+FORWARDED_PATHS = (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    RESPONSES_PATH,
+    "/tokenize",
+    "/detokenize",
+    "/v1/embeddings",
+)
+GENERATION_PATHS = (CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH)
+# The header that names the request's tenant to a replica (the Router sets it; a client's
+# own is never forwarded): whose stored responses the request may read.
+TENANT_HEADER = "x-llmserve-tenant"
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,13 @@ from serve_app.openai_protocol import (
     MAX_TIMEOUT_S,
     OpenAIError,
     RequestFields,
+    check_responses_body,
+    max_tokens_fields,
     parse_json_body,
     read_fields,
     rewrite_body,
 )
+from serve_app.replica_call import CHAT_PATH, RESPONSES_PATH
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -246,3 +249,34 @@ def test_error_pickles_with_all_fields():
 def test_error_default_type_survives_pickle():
     e2 = pickle.loads(pickle.dumps(OpenAIError(503, "busy", headers={"Retry-After": "1"})))
     assert e2.type == "service_unavailable_error" and e2.headers == {"Retry-After": "1"}
+
+
+# ------------------------------------------------------------------------- the Responses API
+
+
+@pytest.mark.parametrize(
+    "body, default, cap, expected",
+    [
+        ({"max_output_tokens": 99}, 256, 16, {"max_output_tokens": 16}),  # the tenant's cap
+        ({"max_output_tokens": 8}, 256, 16, {"max_output_tokens": 8}),
+        ({}, 256, None, {"max_output_tokens": 256}),  # the model's default, in its own field
+        # chat's fields are not the Responses API's: vLLM ignores them, so does the door
+        ({"max_tokens": 99}, None, 16, {"max_tokens": 99, "max_output_tokens": 16}),
+    ],
+)
+def test_responses_are_admitted_by_max_output_tokens(body, default, cap, expected):
+    fields_ = max_tokens_fields(RESPONSES_PATH)
+    body = {"model": "m", "input": "hi", **body}
+    out = json.loads(
+        rewrite_body(body, default_max_tokens=default, max_tokens_cap=cap, token_fields=fields_)
+    )
+    assert out == {"model": "m", "input": "hi", **expected}
+    assert read_fields(body, 8, fields_).max_tokens == body.get("max_output_tokens")
+    assert max_tokens_fields(CHAT_PATH) == ("max_completion_tokens", "max_tokens")
+
+
+def test_background_responses_are_refused():
+    check_responses_body({"model": "m", "background": False})
+    with pytest.raises(OpenAIError) as e:
+        check_responses_body({"model": "m", "background": True})
+    assert (e.value.status, e.value.param) == (400, "background")
