@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from deployments import engine as engine_seam
 from deployments.engine import Engine
 from deployments.engine.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
+from deployments.stored_turns import StoredTurns
 from serve_app import model_source
 from serve_app import tracing as tracing_
 from serve_app.config import ModelConfig, TracingConfig
@@ -40,6 +42,7 @@ from serve_app.policies import health
 from serve_app.policies.stream_flush import FlushPolicy
 from serve_app.replica_call import (
     COMPLETIONS_PATH,
+    RESPONSES_PATH,
     AutoscalingStats,
     EngineStats,
     PackedBlocks,
@@ -62,6 +65,7 @@ class LLMServer:
         cache_dir: str,
         tracing: TracingConfig | None = None,
         num_router_replicas: int = 1,
+        response_store: DeploymentHandle | None = None,
     ) -> None:
         self._num_router_replicas = num_router_replicas
         tracing = tracing or TracingConfig()
@@ -93,6 +97,11 @@ class LLMServer:
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._cache_metrics = ReplicaPrefixCacheMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
+        self._responses = (
+            StoredTurns(self._engine, response_store)
+            if response_store is not None and RESPONSES_PATH in self._engine.paths
+            else None
+        )
 
     async def generate(
         self, request: ReplicaRequest
@@ -117,7 +126,16 @@ class LLMServer:
                 ).encode(),
                 self._replica_id,
             )
+            yield ReplyEnd(b"", Usage())
             return
+        turn = None
+        if request.path == RESPONSES_PATH and self._responses is not None:
+            turn = await self._responses.open(request)
+            if isinstance(turn, ReplyHead):  # a follow-up naming what its tenant cannot read
+                yield turn
+                yield ReplyEnd(b"", Usage())
+                return
+            request = turn.request
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
         # Module attribute, not a global: Serve pickles this class by value, and a Tracer is not
@@ -142,10 +160,14 @@ class LLMServer:
                 self._last_output_s = time.monotonic()
                 if isinstance(part, ReplyHead):
                     span.add_event("first_token")
+                if turn is not None and call.complete:
+                    await turn.keep()  # before the client has the turn's end: read-your-writes
                 yield part
         finally:
             # Runs on cancellation too: the app sees the client leave and aborts the request.
             await call.close()
+            if turn is not None:
+                turn.close()
             span.set_attribute("llmserve.completion_tokens", usage.num_completion_tokens)
             span.end()
 

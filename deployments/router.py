@@ -38,12 +38,14 @@ from deployments.request_path import (
     outcome_of,
     unless_disconnected,
 )
+from deployments.response_store import StoredResponse
 from serve_app import openapi_docs, shield, tracing
 from serve_app.config import AppConfig, TenantConfig
 from serve_app.metrics import RouterMetrics
 from serve_app.openai_protocol import OpenAIError, parse_json_body
 from serve_app.policies.relay import Deadline, deadline_action
-from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH
+from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from serve_app.replica_call import FORWARDED_PATHS as REPLICA_PATHS
 from serve_app.tenancy import TenantDirectory
 
 logger = logging.getLogger("ray.serve")
@@ -53,9 +55,7 @@ REFRESH_TIMEOUT_S = 10.0  # a stalled controller: keep the last counts, ask agai
 # Request headers a replica gets (the engine's server reads them); the API key is not one.
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate")
 # The routes that forward to a replica: their keys and rate are checked before FastAPI runs.
-FORWARDED_PATHS = frozenset(
-    {CHAT_PATH, COMPLETIONS_PATH, "/tokenize", "/detokenize", "/v1/embeddings"}
-)
+FORWARDED_PATHS = frozenset(REPLICA_PATHS)
 
 app = http_app()
 
@@ -67,10 +67,14 @@ app = http_app()
 @serve.ingress(app)
 class Router:
     async def __init__(
-        self, config: dict[str, Any], llm_handles: dict[str, DeploymentHandle]
+        self,
+        config: dict[str, Any],
+        llm_handles: dict[str, DeploymentHandle],
+        response_store: DeploymentHandle | None = None,
     ) -> None:
         self._config = AppConfig.model_validate(config)
         self._handles = llm_handles
+        self._response_store = response_store
         self._created = int(time.time())
         self._directory = TenantDirectory(self._config, os.environ)
         try:
@@ -247,6 +251,47 @@ class Router:
     @app.post(COMPLETIONS_PATH, openapi_extra=openapi_docs.route_extra(COMPLETIONS_PATH))
     async def http_completions(self, request: Request):
         return await self._http(request, COMPLETIONS_PATH)
+
+    @app.post(RESPONSES_PATH, openapi_extra=openapi_docs.route_extra(RESPONSES_PATH))
+    async def http_responses(self, request: Request):
+        return await self._http(request, RESPONSES_PATH)
+
+    @app.get(RESPONSES_PATH + "/{response_id}", openapi_extra=openapi_docs.route_extra())
+    async def http_response(self, response_id: str, request: Request) -> Response:
+        """A stored response, from the app's store: whichever replica answered it."""
+        if request.query_params.get("stream") in ("true", "True", "1"):
+            raise OpenAIError(
+                400,
+                "stream is for background responses, which are not served",
+                param="stream",
+                code="unsupported_value",
+            )
+        entry = await self._stored_response(response_id, request)
+        return Response(entry.response_json, media_type="application/json")
+
+    @app.post(RESPONSES_PATH + "/{response_id}/cancel", openapi_extra=openapi_docs.route_extra())
+    async def http_cancel_response(self, response_id: str, request: Request) -> Response:
+        """vLLM's answer: only a background response runs on to be cancelled, and none does."""
+        await self._stored_response(response_id, request)
+        raise OpenAIError(
+            400, "Cannot cancel a synchronous response.", param="response_id", code=400
+        )
+
+    async def _stored_response(self, response_id: str, request: Request) -> StoredResponse:
+        tenant = self._directory.authenticate(request.headers.get("authorization"))
+        self._gate.precheck(tenant)
+        entry = None
+        if self._response_store is not None:
+            entry = await self._response_store.get.remote(response_id, tenant.name)
+        if entry is None:  # unknown, forgotten, or another tenant's: the same words
+            raise OpenAIError(
+                404,
+                f"Response with id '{response_id}' not found.",
+                param="response_id",
+                code=404,
+                type="invalid_request_error",
+            )
+        return entry
 
     @app.post("/tokenize", openapi_extra=openapi_docs.route_extra("/tokenize"))
     async def http_tokenize(self, request: Request):

@@ -18,6 +18,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from deployments.llm_server import LLMServer
+from deployments.response_store import ResponseStore
 from deployments.router import Router
 from serve_app import model_source, vllm_args
 from serve_app.config import AppConfig, ModelConfig
@@ -150,6 +151,12 @@ def build_app(args: dict[str, Any]) -> Application:
     for model in config.models:
         model_source.check(model, cache_dir)
     check_engine_flags(config.models)
+    # Stored Responses API turns, where every replica and Router reads them.
+    store = (
+        ResponseStore.bind(config.http.max_stored_responses)
+        if config.http.max_stored_responses
+        else None
+    )
     handles = {}
     for model in config.models:
         d = model.deployment
@@ -177,6 +184,7 @@ def build_app(args: dict[str, Any]) -> Application:
             str(cache_dir),
             tracing=config.tracing,
             num_router_replicas=config.router.num_replicas,
+            response_store=store,
         )
     r = config.router
     # Ray Serve's default (20 s) would cut requests that may run for minutes on every change.
@@ -195,4 +203,4 @@ def build_app(args: dict[str, Any]) -> Application:
         # The Router writes its own access line per request (deployments/request_log.py: tenant,
         # model, TTFT, replica); Serve's would be a second, a tenth of the CPU of a refusal.
         logging_config={"enable_access_log": False},
-    ).bind(config.for_router(), handles)
+    ).bind(config.for_router(), handles, store)

@@ -279,6 +279,13 @@ class HttpConfig(Strict):
         "chosen) to responses.",
     )
     max_n: int = Field(default=8, ge=1, description="Largest `n` (choices per request) accepted.")
+    max_stored_responses: int = Field(
+        default=10_000,
+        ge=0,
+        description="Responses API: how many stored responses the app keeps for "
+        "`previous_response_id` and `GET /v1/responses/{id}` (the oldest go first). 0: none "
+        "(every follow-up by id is a 404).",
+    )
 
 
 class RouterOptions(Strict):

@@ -19,11 +19,13 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import sys
 import time
 import types
 from typing import Any, NoReturn
 
+from starlette.responses import JSONResponse
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
@@ -210,6 +212,36 @@ class VLLMEngine:
                 "prefix_cache_hits": self._stats_logger.prefix_cache_hits,
             },
         )
+
+    def store_responses(self) -> None:
+        """Turns the server's Responses API store on. It keeps what it stores in its own memory
+        forever (vLLM's FIXME): the replica moves each stored turn to the app's ResponseStore
+        at once and stages a follow-up's back (deployments/stored_turns.py)."""
+        self.app.state.openai_serving_responses.enable_store = True
+
+    def take_stored_response(self, response_id: str) -> tuple[bytes, bytes] | None:
+        """What the server stored of a response it answered, out of its memory: the response
+        as `GET /v1/responses/{id}` answers it, and the state a follow-up reloads."""
+        serving = self.app.state.openai_serving_responses
+        response = serving.response_store.pop(response_id, None)
+        messages = serving.msg_store.pop(response_id, None)
+        if response is None:
+            return None
+        as_json = JSONResponse(content=response.model_dump(mode="json", by_alias=True)).body
+        return bytes(as_json), pickle.dumps((response, messages))
+
+    def stage_stored_response(self, response_id: str, state: bytes | None) -> None:
+        """Puts a stored response back where the server reads `previous_response_id`; None
+        takes it out (the server then answers its own 404)."""
+        serving = self.app.state.openai_serving_responses
+        if state is None:
+            serving.response_store.pop(response_id, None)
+            serving.msg_store.pop(response_id, None)
+            return
+        response, messages = pickle.loads(state)
+        serving.response_store[response_id] = response
+        if messages is not None:
+            serving.msg_store[response_id] = messages
 
     def cached_blocks(self) -> CachedBlocks | None:
         if self._kv_events is None:

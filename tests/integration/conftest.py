@@ -24,7 +24,7 @@ TRACE_FILE = Path(
     os.environ.get("LLMSERVE_TEST_TRACE_FILE", f"/tmp/llmserve-test-spans-{os.getpid()}.jsonl")
 )
 METRICS_PORT = int(os.environ.get("LLMSERVE_TEST_METRICS_PORT", "18080"))
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
 INT8 = "smollm2-135m-instruct-int8"  # the default model quantized offline to INT8 W8A8

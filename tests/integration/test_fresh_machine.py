@@ -170,9 +170,10 @@ def test_the_readme_curl_examples_answer_as_written(fresh):
     assert text.strip() and usage["completion_tokens"] == 16, out.stdout  # max_tokens 16
 
 
-def test_the_readme_sdk_example_streams_and_parses(fresh):
-    (block,) = [b for b in readme_examples("python") if "OpenAI(" in b]
-    out = subprocess.run(
+def run_python_example(fresh, marker: str) -> subprocess.CompletedProcess:
+    """The README's one python example that holds `marker`, run as a user would paste it."""
+    (block,) = [b for b in readme_examples("python") if marker in b]
+    return subprocess.run(
         [str(VENV_BIN / "python"), "-c", block],
         cwd=ROOT,
         env=fresh.env,
@@ -180,11 +181,21 @@ def test_the_readme_sdk_example_streams_and_parses(fresh):
         text=True,
         timeout=600,
     )
+
+
+def test_the_readme_sdk_example_streams_and_parses(fresh):
+    out = run_python_example(fresh, "chat.completions.parse")
     assert out.returncode == 0, out.stderr[-3000:]
     haiku, _, city = out.stdout.rstrip("\n").rpartition("\n")
     assert haiku.strip(), out.stdout  # the streamed answer
     # `print(city)` of the parsed pydantic object: its fields, filled from the model's JSON.
     assert re.fullmatch(r"name='[^']+' country='[^']+'", city.strip()), out.stdout
+
+
+def test_the_readme_responses_example_continues_a_conversation(fresh):
+    out = run_python_example(fresh, "responses.create")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip(), out.stderr[-3000:]  # the second turn's answer
 
 
 def test_the_readme_handle_example_runs_from_another_process(fresh):

