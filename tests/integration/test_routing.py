@@ -258,10 +258,19 @@ def test_a_conversation_continues_on_the_other_replica(url):
 
 def test_hung_engine_is_detected_and_replaced(url):
     """SIGSTOP one replica's engine: the one-token probe times out, the health check fails, and
-    Serve replaces the replica; meanwhile and afterwards requests are served."""
+    Serve replaces the replica; meanwhile and afterwards requests are served, and a Responses
+    API conversation whose turn that replica answered goes on."""
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
     stats = handle.stats.remote().result(timeout_s=CALL_TIMEOUT_S)
     victim, pid = stats.extra["replica_id"], stats.extra["engine_pid"]
+    turn = {"model": NAME, "input": "Remember me.", "max_output_tokens": 4}
+    for _ in range(12):  # one turn the victim answered
+        r = httpx.post(f"{url}/v1/responses", json=turn, timeout=CALL_TIMEOUT_S)
+        assert r.status_code == 200, r.text
+        if r.headers["x-replica"] == victim:
+            break
+    assert r.headers["x-replica"] == victim, "twelve turns, none on the victim"
+    victims_turn = r.json()["id"]
     os.kill(pid, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
@@ -284,9 +293,17 @@ def test_hung_engine_is_detected_and_replaced(url):
             ).status_code
             for i in range(6)
         ]
+        follow = httpx.post(
+            f"{url}/v1/responses",
+            json={**turn, "input": "Go on.", "previous_response_id": victims_turn},
+            timeout=CALL_TIMEOUT_S,
+        )
         print(f"\nhung engine's replica replaced after {replaced_s} s; then {statuses}")
         assert replaced_s is not None, "the hung replica was not replaced"
         assert statuses == [200] * 6
+        # Its replica is gone; the conversation is not (the app's ResponseStore holds it).
+        assert follow.status_code == 200, follow.text
+        assert follow.json()["previous_response_id"] == victims_turn
     finally:
         try:  # the stopped engine process must not outlive the test
             os.kill(pid, signal.SIGCONT)
