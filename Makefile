@@ -38,10 +38,10 @@ prepare: install
 	$(BIN)/llmserve prepare $(CONFIG)
 
 # Ray runs with token auth, on loopback only, in Serve's throughput-optimized mode behind HAProxy
-# (serve_app/ray_env.py): the environment must be there when Ray's processes start. The token is
-# made first where Ray reads it, 0600 (serve_app/ray_token.py): Ray's own start only looks for one.
+# (llmserve/edge/ray_env.py): the environment must be there when Ray's processes start. The token is
+# made first where Ray reads it, 0600 (llmserve/edge/ray_token.py): Ray's own start only looks for one.
 # On a host without a GPU Ray's processes start on its last core, off the engine's
-# (serve_app/platform_cores.py). A `make serve` already serving this config says so and stops.
+# (llmserve/edge/platform_cores.py). A `make serve` already serving this config says so and stops.
 serve: prepare
 	@if $(BIN)/llmserve serving $(CONFIG); then exit 0; fi; \
 	eval "$$($(BIN)/llmserve ray-env)"; \
@@ -57,7 +57,7 @@ serve: prepare
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(BIN)/serve run $(CONFIG)
 
 # Serve's apps, then every Ray process of this user on the machine (`ray stop`), then the files
-# the cluster's HAProxy and shield left (serve_app/ray_env.py). Run again, it says there is
+# the cluster's HAProxy and shield left (llmserve/edge/ray_env.py). Run again, it says there is
 # nothing to stop. What it leaves on purpose: docs/operations.md.
 stop:
 	@eval "$$($(BIN)/llmserve ray-env)"; \

@@ -40,8 +40,8 @@ OPTIONS = {
     "no-shield": (
         {"admission": {"shield_factor": 0}},
         {},
-        "rejected: without HAProxy's shield (serve_app/shield.py) every refusal of a flood is "
-        "the Router's, at about ten times the CPU",
+        "rejected: without HAProxy's shield (llmserve/router/shield.py) every refusal of a flood "
+        "is the Router's, at about ten times the CPU",
     ),
     "direct-no-haproxy": (
         {},

@@ -36,9 +36,10 @@ from bench.peers import machine, systems
 from bench.peers.__main__ import start
 from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
 from bench.prefix_routing_report import Turn, markdown, summary
-from serve_app import host, vllm_args
-from serve_app.policies.memory_plan import kv_bytes_per_token, kv_dtype_bytes
-from serve_app.policies.weights import ModelShape, dtype_bytes_for, load_hf_config
+from llmserve.edge import host
+from llmserve.planning.memory_plan import kv_bytes_per_token, kv_dtype_bytes
+from llmserve.planning.weights import ModelShape, dtype_bytes_for, load_hf_config
+from llmserve.replica import vllm_args
 
 RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
@@ -272,8 +273,8 @@ def main() -> None:
         (a.out_dir / "prefix_routing.md").write_text(markdown(doc))
         return
     _, _, cfg = default_model_config(CONFIG)
-    from serve_app import model_source
-    from serve_app.config import AppConfig
+    from llmserve.config.app_config import AppConfig
+    from llmserve.planning import model_source
 
     cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
     path = Path(model_source.resolve(cfg, cache, progress=True))

@@ -2,11 +2,11 @@
 the benchmarks' drivers and the integration tests' session cluster start Ray this one way.
 
     with private_ray(18500, num_cpus=8) as ray_app:
-        ray_app.deploy(app_args, name="bench", route_prefix="/")  # serve_app.app:build_app
+        ray_app.deploy(app_args, name="bench", route_prefix="/")  # llmserve.app:build_app
         httpx.get(f"{ray_app.url}/v1/models")
 
 In order:
-1. the platform's Ray environment (serve_app/ray_env.py: token auth, loopback only, Serve's
+1. the platform's Ray environment (llmserve/edge/ray_env.py: token auth, loopback only, Serve's
    throughput-optimized mode behind HAProxy), HAProxy's and the fallback proxy's fixed ports
    on port+1 .. port+4, then the caller's `env` over it. Before this process imports Ray,
    which reads its token mode once, at import: a process that imported Ray earlier must have
@@ -46,7 +46,7 @@ class PrivateRay:
         """`serve.run(build_app(app_args))`: returns once the app's replicas run."""
         from ray import serve
 
-        from serve_app.app import build_app
+        from llmserve.app import build_app
 
         serve.run(build_app(app_args), name=name, route_prefix=route_prefix)
 
@@ -68,15 +68,15 @@ def private_ray(
 ) -> Iterator[PrivateRay]:
     """`interrupt`: the SIGTERM and SIGINT handler to put back after ray.init, which installs
     its own for SIGTERM. `platform_env=False`: Ray's and Serve's defaults (bench.relay_cost's
-    runs of an older tree that has no serve_app/ray_env.py, or of Serve's defaults).
+    runs of an older tree that has no llmserve/edge/ray_env.py, or of Serve's defaults).
     `confine_platform`: Ray's processes on the platform's cores, as `make serve` starts them
-    (serve_app/platform_cores.py); this process goes there too."""
+    (llmserve/edge/platform_cores.py); this process goes there too."""
     if platform_env:
-        from serve_app import ray_env
+        from llmserve.edge import ray_env
 
         ray_env.apply(port + 1)
     if confine_platform:
-        from serve_app import platform_cores
+        from llmserve.edge import platform_cores
 
         platform_cores.confine_this_process()
     os.environ.update(env or {})
@@ -112,7 +112,7 @@ def private_ray(
                 reap(tree)
             finally:
                 if platform_env:
-                    from serve_app import ray_env
+                    from llmserve.edge import ray_env
 
                     ray_env.remove_cluster_files(port + 1)
 

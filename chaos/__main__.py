@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from serve_app import ray_env
+from llmserve.edge import ray_env
 
 ray_env.apply()  # before anything imports Ray (its token mode is read at import)
 

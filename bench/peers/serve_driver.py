@@ -28,7 +28,7 @@ RAY_NUM_CPUS = 8  # logical: replicas must schedule on a 2-core machine (see DES
 
 
 def platform_app(spec: dict[str, Any]):
-    from serve_app.app import build_app
+    from llmserve.app import build_app
 
     return build_app(spec["app_args"])
 
@@ -82,7 +82,7 @@ def main() -> None:
         with private_ray(
             args.port,
             num_cpus=RAY_NUM_CPUS,
-            platform_env=args.system == "llmserve",  # serve_app/ray_env.py: the platform's only
+            platform_env=args.system == "llmserve",  # llmserve/edge/ray_env.py: the platform's only
             confine_platform=args.system == "llmserve",  # as `make serve` starts it
             new_instance=True,
             temp_dir=args.ray_temp_dir,

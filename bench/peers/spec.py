@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
-from serve_app import host, vllm_args
-from serve_app.admission_config import AdmissionConfig
-from serve_app.config import DEFAULT_MODEL_NAME, AppConfig, ModelConfig
+from llmserve.config.admission_config import AdmissionConfig
+from llmserve.config.app_config import DEFAULT_MODEL_NAME, AppConfig, ModelConfig
+from llmserve.edge import host
+from llmserve.replica import vllm_args
 
 ROOT = Path(__file__).resolve().parents[2]
 # Peers are compared to this one; every ratio in the report is "system / bare vLLM".
@@ -185,7 +186,7 @@ def resolve_model(
 ) -> Model:
     """The config's default model (prepared into the model cache if needed), or another local
     folder under the same engine args (the smoke test's tiny model)."""
-    from serve_app import model_source
+    from llmserve.planning import model_source
 
     args, _, cfg = default_model_config(config_path)
     if model_dir is None:

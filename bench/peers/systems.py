@@ -1,6 +1,6 @@
 """The three systems under test, each a process tree the harness starts, waits for and stops.
 
-- `llmserve`: this platform, `serve_app.app:build_app` with the Serve config's default model
+- `llmserve`: this platform, `llmserve.app:build_app` with the Serve config's default model
   (serve_driver.py, a private Ray instance);
 - `ray-serve-llm`: Ray Serve LLM's `build_openai_app` over the same model and engine args
   (serve_driver.py, a private Ray instance);
@@ -35,7 +35,7 @@ import psutil
 
 from bench.peers import cpu
 from bench.peers.spec import ROOT, TENANTS, Model, platform_app_args
-from serve_app.vllm_args import flags
+from llmserve.replica.vllm_args import flags
 
 
 class SystemFailed(RuntimeError):

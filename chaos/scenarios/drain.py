@@ -21,7 +21,7 @@ from chaos.fault import since
 from chaos.figures import summary
 from chaos.load import Load, running
 from chaos.watch import ReplicaWatch, at_capacity
-from serve_app.app import build_app
+from llmserve.app import build_app
 
 LLM_SIM = f"llm-{SIM}"
 GRACE_S = 30.0  # graceful_shutdown_timeout_s of the model's replicas

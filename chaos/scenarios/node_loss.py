@@ -24,7 +24,7 @@ from chaos.figures import ok_rate
 from chaos.load import Load, running
 from chaos.procs import replicas_below
 from chaos.watch import ReplicaWatch, at_capacity
-from serve_app.app import build_app
+from llmserve.app import build_app
 
 LLM_SIM = f"llm-{SIM}"
 SLOT = {"llm_slot": 1}

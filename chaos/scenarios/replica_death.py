@@ -23,7 +23,7 @@ from chaos.cluster import ChaosCluster
 from chaos.fault import Fault, run_fault
 from chaos.load import Load
 from chaos.watch import REPLICA_PREFIX, ReplicaWatch
-from serve_app.app import build_app
+from llmserve.app import build_app
 
 LLM_TINY, LLM_SIM = f"llm-{TINY}", f"llm-{SIM}"
 

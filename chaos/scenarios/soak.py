@@ -17,7 +17,7 @@ from chaos.cluster import ChaosCluster
 from chaos.figures import summary
 from chaos.load import Load, running
 from chaos.procs import add_engine, rss_mb, serve_processes
-from serve_app.app import build_app
+from llmserve.app import build_app
 
 
 def run(short: bool, port_base: int) -> dict:

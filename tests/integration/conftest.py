@@ -15,8 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from serve_app import model_source
-from serve_app.config import AppConfig, ModelConfig
+from llmserve.config.app_config import AppConfig, ModelConfig
+from llmserve.planning import model_source
 
 PORT = int(os.environ.get("LLMSERVE_TEST_PORT", "18000"))
 # Spans of the main app, as JSON lines (tracing exporter "file"), read by test_observability.
@@ -326,7 +326,7 @@ def serve_app(serve_cluster, model_dirs, otlp):
     """The shared apps (the models under /, the simulated one under /sim), deployed once."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from llmserve.app import build_app
 
     TRACE_FILE.unlink(missing_ok=True)
     t0 = time.monotonic()
@@ -374,8 +374,8 @@ def serve_log_dir() -> Path:
 def llm_handle(model: str):
     from ray import serve
 
-    from serve_app.app import deployment_name
-    from serve_app.config import ModelConfig
+    from llmserve.app import deployment_name
+    from llmserve.config.app_config import ModelConfig
 
     name = deployment_name(ModelConfig(name=model, source="x/y"))
     return serve.get_deployment_handle(name, app_name="llmserve")

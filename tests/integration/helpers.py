@@ -133,7 +133,7 @@ def deployed_app(
     """The app deployed on the test cluster, its replicas running: its URL; deleted after."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from llmserve.app import build_app
 
     serve.run(build_app(args), name=name, route_prefix=prefix)
     try:

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
-from serve_app.config import TenantConfig
+from llmserve.config.app_config import TenantConfig
 from tests.integration.conftest import CHAT, COMPLETIONS, RESPONSES, SIM_PREFIX, TINY
 from tests.integration.helpers import SIM, SIM_KEY, wait_idle
 

@@ -12,7 +12,7 @@ import pytest
 from ray import serve
 
 from bench.client import send
-from serve_app.app import build_app
+from llmserve.app import build_app
 from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, KEYS, TINY
 
 PREFIX = "/autoscale"

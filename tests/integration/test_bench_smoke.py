@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve_app import model_source, platform_cores
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
+from llmserve.edge import platform_cores
+from llmserve.planning import model_source
 from tests.integration.conftest import DEFAULT, TINY, _build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,7 @@ def test_every_system_stopped_cleanly(smoke_run):
 
 
 def test_llmserve_engine_is_not_niced(smoke_run):
-    """serve_app/ray_env.py: Ray's default would start its workers, and so the engine a replica
+    """llmserve/edge/ray_env.py: Ray's default would start its workers, and so the engine a replica
     starts, at nice 15; on any host the engine and the Router run at 0, as `vllm serve` does."""
     results, _, _ = smoke_run
     nice = {p["name"]: p["nice"] for p in results["systems"]["llmserve"]["processes"]}
@@ -140,7 +141,7 @@ def test_llmserve_engine_is_not_niced(smoke_run):
     reason="the platform is confined only on a host without a GPU and with two cores or more",
 )
 def test_llmserve_runs_off_its_engine_cores(smoke_run):
-    """serve_app/platform_cores.py: Ray's processes on the last core, the engine's worker (which
+    """llmserve/edge/platform_cores.py: Ray's processes on the last core, the engine's worker (which
     its replica started) on the others; bare vLLM's worker keeps its own binding."""
     results, _, _ = smoke_run
     procs = results["systems"]["llmserve"]["processes"]

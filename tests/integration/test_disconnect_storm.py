@@ -20,8 +20,8 @@ import httpx
 import pytest
 from ray import serve
 
-from serve_app.app import build_app
-from serve_app.config import AppConfig
+from llmserve.app import build_app
+from llmserve.config.app_config import AppConfig
 from tests.integration.conftest import (
     CALL_TIMEOUT_S,
     CLIENT_TIMEOUT_S,

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from deployments.engine.asgi_call import AsgiCall
-from deployments.engine.vllm_engine import VLLMEngine
-from serve_app.config import EngineConfig, ModelConfig
-from serve_app.replica_call import COMPLETIONS_PATH, ReplicaRequest
+from llmserve.config.app_config import EngineConfig, ModelConfig
+from llmserve.protocol.replica_call import COMPLETIONS_PATH, ReplicaRequest
+from llmserve.replica.engine.asgi_call import AsgiCall
+from llmserve.replica.engine.vllm_engine import VLLMEngine
 from tests.integration.conftest import TINY
 
 NUM_BATCH = 3

@@ -30,7 +30,7 @@ http_options: {{host: 127.0.0.1, port: {HTTP_PORT}}}
 applications:
   - name: llmserve
     route_prefix: /
-    import_path: serve_app.app:build_app
+    import_path: llmserve.app:build_app
     args:
       models: [{{name: sim, source: simulated}}]
       tenants: [{{name: t, api_keys: [sk-exposure-test-01]}}]

@@ -32,8 +32,8 @@ import httpx
 import psutil
 import pytest
 
-from serve_app import ray_env
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
+from llmserve.edge import ray_env
 from tests.integration.helpers import cluster_processes
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import json
 import pytest
 from ray import serve
 
-from serve_app.openai_protocol import OpenAIError
-from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, llm_handle
 
 PARIS = [

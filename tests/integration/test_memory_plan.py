@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from deployments.engine.vllm_engine import VLLMEngine
-from serve_app.config import EngineConfig, ModelConfig
-from serve_app.policies import memory_plan as mp
-from serve_app.policies import weights
+from llmserve.config.app_config import EngineConfig, ModelConfig
+from llmserve.planning import memory_plan as mp
+from llmserve.planning import weights
+from llmserve.replica.engine.vllm_engine import VLLMEngine
 from tests.integration.conftest import DEFAULT
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_app import cli
+from llmserve.ops import cli
 from tests.integration.conftest import (
     CAPACITY,
     CLIENT_TIMEOUT_S,

@@ -16,8 +16,8 @@ import pytest
 import ray
 
 from chaos.scenarios.replica_death import replica_actor, wait_gone
-from serve_app.prompt_tokens import PromptTokens
-from serve_app.replica_call import CHAT_PATH, COMPLETIONS_PATH
+from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH
+from llmserve.request_router.prompt_tokens import PromptTokens
 from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 from tests.integration.helpers import deployed_app, tiny_engine
 

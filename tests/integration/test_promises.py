@@ -3,7 +3,7 @@ entry, its admission and its demo tenants, read from the file): 48 batch streams
 from the demo batch key saturate the engine (max_num_seqs 32), and short requests from the demo
 interactive key must still get their first token within a couple of seconds.
 
-Batch holds at most `batch_max_share` of the engine's slots (serve_app/policies/admission.py),
+Batch holds at most `batch_max_share` of the engine's slots (llmserve/policies/admission.py),
 so an interactive request finds a free one. When the share was taken of the Router's 48 slots
 (36 for batch), batch held all 32 engine slots and an interactive request waited in vLLM's line
 for a 256-token batch answer to end (19 s at the median, measured by hand on the shipped config).
@@ -52,7 +52,7 @@ def shipped_args() -> dict:
 def promises_url(serve_cluster, model_dirs):
     from ray import serve
 
-    from serve_app.app import build_app
+    from llmserve.app import build_app
 
     serve.run(build_app(shipped_args()), name=APP, route_prefix=PREFIX)
     yield serve_cluster + PREFIX

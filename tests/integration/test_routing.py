@@ -197,7 +197,7 @@ def test_non_streaming_disconnect_aborts_engine_request(url, split):
     """A client that stops waiting for a non-streamed answer ends its engine request: both
     replicas are idle well before the request would have finished by itself. Through HAProxy,
     as every client comes in: with Ray's `option splice-request` the client's leaving did not
-    reach the Router (serve_app/haproxy_loopback.sh removes it)."""
+    reach the Router (llmserve/edge/haproxy_loopback.sh removes it)."""
     handle = serve.get_deployment_handle(f"llm-{NAME}", app_name="routing")
     # Four choices: four sequences of work for the engine, a longer run to tell an abort by.
     body = {"model": NAME, "prompt": "Count", "ignore_eos": True, "n": 4}

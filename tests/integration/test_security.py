@@ -100,7 +100,7 @@ def test_bad_keys_get_401_before_any_work(base_url, http):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
     from ray import serve
 
-    from serve_app.openai_protocol import OpenAIError
+    from llmserve.protocol.openai_protocol import OpenAIError
 
     router = serve.get_app_handle("llmserve")
     with pytest.raises(OpenAIError) as e:

@@ -2,7 +2,8 @@
 platform, started from the same engine args and server flags, get the same answers.
 
 Bare vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the argv the platform's
-replica parses (serve_app/vllm_args.py); the platform serves the same model config as an app of
+replica parses (llmserve/replica/vllm_args.py); the platform serves the same model config as an app
+of
 its own. Every request goes to both, one at a time (batch size 1 on both: the same numerics).
 Responses must be equal but for ids, timestamps and the system fingerprint; streams equal chunk
 by chunk; errors equal in status, type and code. Then: every json_schema answer validates against
@@ -25,9 +26,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from serve_app import host
-from serve_app.config import ModelConfig
-from serve_app.vllm_args import launch
+from llmserve.config.app_config import ModelConfig
+from llmserve.edge import host
+from llmserve.replica.vllm_args import launch
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
 
 PARITY_PREFIX = "/parity"
@@ -268,7 +269,7 @@ def servers(serve_cluster, model_dirs):
     """(platform base URL, bare vLLM base URL), both serving the same model config."""
     from ray import serve
 
-    from serve_app.app import build_app
+    from llmserve.app import build_app
 
     model = ModelConfig.model_validate(MODEL)
     run = launch(model, str(model_dirs[DEFAULT]), host.cpu_has_native_bf16())

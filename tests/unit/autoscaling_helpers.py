@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autoscaling.policy import AutoscalingParams, PolicyState, Signals, decide
+from llmserve.policies.autoscaling import AutoscalingParams, PolicyState, Signals, decide
 
 P = AutoscalingParams(
     min_replicas=1,

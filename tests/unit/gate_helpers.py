@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from deployments.admission_gate import Gate
-from serve_app.config import AppConfig, TenantConfig
-from serve_app.openai_protocol import OpenAIError
+from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.router.admission_gate import Gate
 
 MODEL = "m"
 

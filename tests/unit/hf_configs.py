@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from serve_app.policies.weights import ModelShape
+from llmserve.planning.weights import ModelShape
 
 # The default model's config.json as `llmserve prepare` writes it (HF SmolLM2-135M-Instruct).
 SMOLLM2_135M = {

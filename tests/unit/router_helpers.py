@@ -13,8 +13,8 @@ from typing import Any
 
 from ray.serve._private.common import DeploymentID
 
-from deployments.request_router import LLMAwareRequestRouter, RoundRobinRequestRouter
-from serve_app.replica_call import RoutingStats
+from llmserve.protocol.replica_call import RoutingStats
+from llmserve.request_router.request_router import LLMAwareRequestRouter, RoundRobinRequestRouter
 
 DEPLOYMENT_ID = DeploymentID(name="llm-small", app_name="app")
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from serve_app.policies.admission import (
+from llmserve.policies.admission import (
     DEFAULT_PRIORITY_LEVELS,
     AdmissionPolicy,
     Admit,

@@ -1,11 +1,11 @@
-"""The admission policy's bounds (serve_app/policies/admission.py): a full queue, the expected wait
+"""The admission policy's bounds (llmserve/policies/admission.py): a full queue, the expected wait
 and the time queued, each class against its own bound, and who gives way when the queue is full."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.admission import Admit, Queue, Reject
+from llmserve.policies.admission import Admit, Queue, Reject
 from tests.unit.test_admission import BATCH, INTERACTIVE, STANDARD, make
 
 

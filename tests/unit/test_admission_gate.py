@@ -1,4 +1,4 @@
-"""The Router's door (deployments/admission_gate.py): rate limits and concurrency caps.
+"""The Router's door (llmserve/router/admission_gate.py): rate limits and concurrency caps.
 
 No Ray, no vLLM: a Gate over a small AppConfig, with a fake clock that tests move by hand
 (tests/unit/gate_helpers.py). The queue: test_gate_queue.py; replica counts, spans and
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from serve_app.openai_protocol import OpenAIError
+from llmserve.protocol.openai_protocol import OpenAIError
 from tests.unit.gate_helpers import (
     LIMITED,
     MODEL,

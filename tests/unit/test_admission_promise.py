@@ -1,10 +1,10 @@
-"""Admission by predicted first-token time (serve_app/policies/admission.py): a request of a
+"""Admission by predicted first-token time (llmserve/policies/admission.py): a request of a
 class with a first-token promise is refused at once when the engine slot it would get comes
 after that promise, instead of being admitted into the engines' waiting line to miss it."""
 
 from __future__ import annotations
 
-from serve_app.policies.admission import Admit, Queue, Reject
+from llmserve.policies.admission import Admit, Queue, Reject
 from tests.unit.test_admission import BATCH, INTERACTIVE, STANDARD, make
 
 # 4 engine slots behind 6 Router slots (1.5x: the engines' own waiting line); interactive

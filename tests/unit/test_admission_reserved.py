@@ -1,11 +1,11 @@
-"""Reserved slots in the admission policy (serve_app/policies/admission.py): the capped class
+"""Reserved slots in the admission policy (llmserve/policies/admission.py): the capped class
 (batch) holds at most its share of a model's slots, so the other classes start at once."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.admission import Admit, Queue
+from llmserve.policies.admission import Admit, Queue
 from tests.unit.test_admission import BATCH, INTERACTIVE, STANDARD, make
 
 

@@ -9,12 +9,14 @@ import pytest
 import ray
 from pydantic import ValidationError
 
-from serve_app.app import build_app, deployment_name
-from serve_app.config import ModelConfig
-from serve_app.model_source import ModelSourceError
-from serve_app.ray_env import REPLICA_ENV
+from llmserve.app import build_app, deployment_name
+from llmserve.config.app_config import ModelConfig
+from llmserve.edge.ray_env import REPLICA_ENV
+from llmserve.planning.model_source import ModelSourceError
 
-_validate = __import__("serve_app.config", fromlist=["AppConfig"]).AppConfig.model_validate
+_validate = __import__(
+    "llmserve.config.app_config", fromlist=["AppConfig"]
+).AppConfig.model_validate
 ONE_TENANT = [{"name": "t", "api_keys": ["sk-wiring-test-01"]}]
 
 
@@ -25,7 +27,7 @@ def _with_a_tenant(args):
 
 @pytest.fixture(autouse=True)
 def _cache(monkeypatch, tmp_path):
-    monkeypatch.setattr("serve_app.app.AppConfig.model_validate", _with_a_tenant)
+    monkeypatch.setattr("llmserve.app.AppConfig.model_validate", _with_a_tenant)
     monkeypatch.setenv("LLMSERVE_MODEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)  # hub ids must not resolve to stray relative folders
 
@@ -111,7 +113,7 @@ def test_a_check_that_cannot_run_lets_the_replicas_parse(monkeypatch, caplog):
         )
 
     monkeypatch.setattr(subprocess, "run", no_vllm)
-    with caplog.at_level(logging.WARNING, logger="serve_app.app"):
+    with caplog.at_level(logging.WARNING, logger="llmserve.app"):
         build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
     assert "No module named 'vllm'" in caplog.text and "replicas parse them" in caplog.text
 
@@ -144,7 +146,7 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     qwen = handles["qwen:0.5b"]._bound_deployment
     assert qwen.name == "llm-qwen_0.5b" and qwen.num_replicas == 2
     assert qwen.ray_actor_options["num_cpus"] == 2
-    # The model's own env beside the replicas' execution model (serve_app/ray_env.py).
+    # The model's own env beside the replicas' execution model (llmserve/edge/ray_env.py).
     assert qwen.ray_actor_options["runtime_env"] == {"env_vars": {**REPLICA_ENV, "A": "1"}}
     assert router.ray_actor_options["runtime_env"] == {"env_vars": REPLICA_ENV}
     model, cache_dir = qwen.init_args
@@ -212,7 +214,7 @@ def test_router_is_replaced_new_before_old_on_a_config_change():
 
 
 def test_an_app_without_tenants_is_refused_before_anything_starts(monkeypatch):
-    monkeypatch.setattr("serve_app.app.AppConfig.model_validate", _validate)
+    monkeypatch.setattr("llmserve.app.AppConfig.model_validate", _validate)
     with pytest.raises(ValueError, match="tenants: none configured"):
         build_app({"models": [{"name": "m", "source": "org/m"}]})
 
@@ -225,7 +227,7 @@ def test_the_router_is_bound_with_digests_not_keys():
 
 
 def test_autoscaling_hands_the_policy_validated_params_with_the_slot_target():
-    from serve_app.app import autoscaling_config
+    from llmserve.app import autoscaling_config
 
     model = ModelConfig.model_validate(
         {

@@ -1,4 +1,5 @@
-"""The queue-length autoscaling policy (autoscaling/policy.py) at its edges: the replica bounds,
+"""The queue-length autoscaling policy (llmserve/policies/autoscaling.py) at its edges: the replica
+bounds,
 scaling to and from zero, the parameters' validation, and `decide` being pure.
 
 Pure, a fake clock of plain floats; `Cluster` and the shared parameters are in
@@ -12,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from autoscaling.policy import AutoscalingParams, PolicyState, decide
+from llmserve.policies.autoscaling import AutoscalingParams, PolicyState, decide
 from tests.unit.autoscaling_helpers import Cluster, P, deployed, signals
 
 # -- bounds ----------------------------------------------------------------------------

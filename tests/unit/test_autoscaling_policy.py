@@ -1,4 +1,5 @@
-"""The queue-length autoscaling policy (autoscaling/policy.py): pure, a fake clock of plain floats.
+"""The queue-length autoscaling policy (llmserve/policies/autoscaling.py): pure, a fake clock of
+plain floats.
 Its load, scaling up and down, and no flapping; the bounds, scaling to and from zero and the
 parameters: test_autoscaling_bounds.py.
 
@@ -13,7 +14,7 @@ import random
 
 import pytest
 
-from autoscaling.policy import PolicyState, decide, desired_for
+from llmserve.policies.autoscaling import PolicyState, decide, desired_for
 from tests.unit.autoscaling_helpers import Cluster, P, deployed, signals
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import (
+from llmserve.config.app_config import (
     DEFAULT_MODEL_NAME,
     DEFAULT_MODEL_SOURCE,
     AppConfig,

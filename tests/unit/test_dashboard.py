@@ -222,21 +222,19 @@ def _base(name: str) -> str:
     return re.sub(r"_(bucket|sum|count|total)$", "", name)
 
 
-def test_router_names_match_serve_app_metrics():
-    """Each ray_llmserve_* name is declared in serve_app/metrics.py (GPU ones anywhere in the
-    app's sources), so a rename there fails here rather than in a blank Grafana panel."""
+def test_router_names_match_the_apps_metrics():
+    """Each ray_llmserve_* name is declared in llmserve/observability/metrics.py (GPU ones
+    anywhere in the app's sources), so a rename there fails here rather than in a blank Grafana
+    panel."""
     declared = set()
-    for folder in ("serve_app", "deployments"):
-        for path in (ROOT / folder).glob("*.py"):
-            declared |= set(re.findall(r"[\"'](llmserve_[a-z0-9_]+)[\"']", path.read_text()))
+    for path in (ROOT / "llmserve").rglob("*.py"):
+        declared |= set(re.findall(r"[\"'](llmserve_[a-z0-9_]+)[\"']", path.read_text()))
     router = ROUTER_HISTOGRAMS + ROUTER_COUNTERS + ROUTER_GAUGES
-    metrics_py = (ROOT / "serve_app" / "metrics.py").read_text()
+    metrics_py = (ROOT / "llmserve" / "observability" / "metrics.py").read_text()
     for name in router:
         assert f'"{_base(name).removeprefix("ray_")}"' in metrics_py, name
     for name in GPU_GAUGES:
-        assert _base(name).removeprefix("ray_") in declared, (
-            f"{name}: not declared in serve_app/ or deployments/"
-        )
+        assert _base(name).removeprefix("ray_") in declared, f"{name}: not declared in llmserve/"
 
 
 def test_vllm_names_match_vllms_prometheus_stat_logger():

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.testclient import TestClient
 
-from deployments.http_app import http_app, with_early_refusal
-from serve_app.openai_protocol import OpenAIError
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.router.http_app import http_app, with_early_refusal
 
 PATHS = frozenset({"/v1/completions"})
 

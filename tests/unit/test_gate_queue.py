@@ -1,4 +1,4 @@
-"""The Router's door (deployments/admission_gate.py): its queue. Priorities, the reserved share,
+"""The Router's door (llmserve/router/admission_gate.py): its queue. Priorities, the reserved share,
 a full queue, expiry (each class at its own bound), cancellation, and the ticket's clock.
 
 No Ray, no vLLM: a Gate with a fake clock (tests/unit/gate_helpers.py). Rate limits and
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from deployments.admission_gate import Ticket
+from llmserve.router.admission_gate import Ticket
 from tests.unit.gate_helpers import (
     MODEL,
     TENANTS,

@@ -1,4 +1,4 @@
-"""The Router's door (deployments/admission_gate.py) as replicas come and go: capacity from live
+"""The Router's door (llmserve/router/admission_gate.py) as replicas come and go: capacity from live
 replicas and Router replicas, its spans, and readiness. Rate limits and the queue:
 test_admission_gate.py.
 """
@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from deployments.admission_gate import Gate
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
+from llmserve.router.admission_gate import Gate
 from tests.unit.gate_helpers import (
     LIMITED,
     MODEL,
@@ -196,7 +196,7 @@ def spans():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from serve_app import tracing
+    from llmserve.observability import tracing
 
     exporter = InMemorySpanExporter()
     processor = SimpleSpanProcessor(exporter)
@@ -207,7 +207,7 @@ def spans():
 
 async def test_rate_limit_and_queue_wait_are_separate_spans_of_one_trace(spans):
     gate, tenants, clock = make_gate(max_ongoing_requests=1)
-    from serve_app import tracing
+    from llmserve.observability import tracing
 
     with tracing.tracer.start_as_current_span("request") as root:
         first = await gate.admit(tenants["t"], MODEL, 10, 60)

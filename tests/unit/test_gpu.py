@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve_app.gpu import GpuSample, read_gpus
+from llmserve.replica.gpu import GpuSample, read_gpus
 
 
 class FakeNvml:

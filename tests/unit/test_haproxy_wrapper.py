@@ -1,4 +1,4 @@
-"""serve_app/haproxy_loopback.sh: what it changes in the config Ray writes for HAProxy before
+"""llmserve/edge/haproxy_loopback.sh: what it changes in the config Ray writes for HAProxy before
 starting it (the real start is in the integration tests: every app runs behind it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
 
-WRAPPER = Path(__file__).resolve().parents[2] / "serve_app" / "haproxy_loopback.sh"
+WRAPPER = Path(__file__).resolve().parents[2] / "llmserve" / "edge" / "haproxy_loopback.sh"
 
 
 def _run_wrapper(config: str, tmp_path: Path) -> str:

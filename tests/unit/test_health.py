@@ -1,12 +1,12 @@
-"""The replica's health verdict (serve_app/policies/health.py): dead, hung or fine, and the
+"""The replica's health verdict (llmserve/policies/health.py): dead, hung or fine, and the
 engine's figures less the replica's own probes."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.health import Verdict, client_stats, needs_probe, verdict
-from serve_app.replica_call import EngineStats
+from llmserve.policies.health import Verdict, client_stats, needs_probe, verdict
+from llmserve.protocol.replica_call import EngineStats
 
 
 def stats(running=0, waiting=0, unfinished=None, kv=0.0, healthy=True) -> EngineStats:

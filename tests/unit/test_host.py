@@ -1,10 +1,10 @@
-"""serve_app/host.py: whether the CPU computes bf16 natively, from /proc/cpuinfo's flags."""
+"""llmserve/edge/host.py: whether the CPU computes bf16 natively, from /proc/cpuinfo's flags."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.host import cpu_flags, cpu_has_native_bf16
+from llmserve.edge.host import cpu_flags, cpu_has_native_bf16
 
 X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma {}\n\n"
 ARM = "processor\t: 0\nFeatures\t: fp asimd sve {}\nCPU implementer\t: 0x41\n"

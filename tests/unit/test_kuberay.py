@@ -20,7 +20,7 @@ from ray.autoscaler._private.kuberay.autoscaling_config import (
 )
 from ray.serve.schema import ServeDeploySchema
 
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_KEY = "nvidia.com/gpu"
@@ -73,7 +73,7 @@ def test_serve_config_passes_ray_serve_schema(serve_config):
 
 def test_same_application_as_serve_config_yaml(serve_config, local_config):
     app, local = serve_config["applications"][0], local_config["applications"][0]
-    assert app["import_path"] == local["import_path"] == "serve_app.app:build_app"
+    assert app["import_path"] == local["import_path"] == "llmserve.app:build_app"
     assert (app["name"], app["route_prefix"]) == (local["name"], local["route_prefix"])
     ours, theirs = AppConfig.model_validate(app["args"]), AppConfig.model_validate(local["args"])
     # Same models and admission bounds; where replicas run (and how many) differs, and the
@@ -191,12 +191,12 @@ def test_the_cluster_runs_with_token_auth_and_keys_from_secrets(cluster):
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "llmserve-ray-token"
         # The rest of `llmserve ray-env --cluster`, value for value.
-        from serve_app.ray_env import cluster_env, path_env
+        from llmserve.edge.ray_env import cluster_env, path_env
 
         wanted = cluster_env(single_machine=False)
         # Paths of this machine: the wrapper's, the binary's, and HAProxy's files, whose run dir
         # names this user. A pod's /tmp is its own: Ray's defaults there serve, and the shield
-        # follows them (serve_app/shield.py: `folder`).
+        # follows them (llmserve/router/shield.py: `folder`).
         machine = {"RAY_SERVE_HAPROXY_BINARY_PATH", "LLMSERVE_HAPROXY_REAL", *path_env()}
         for key in wanted.keys() - machine:
             assert env[key]["value"] == wanted[key], key

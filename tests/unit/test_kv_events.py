@@ -1,4 +1,4 @@
-"""The replica's KV event reader (deployments/engine/kv_events.py) against vLLM's own ZMQ
+"""The replica's KV event reader (llmserve/replica/engine/kv_events.py) against vLLM's own ZMQ
 publisher: events published before it connected come by replay, later ones live, and the block
 set follows stores, evictions and clears. The sockets are ipc paths in a private directory."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import vllm.distributed.kv_events as kv_events
 
-from deployments.engine.kv_events import KVEventSubscriber
-from serve_app.policies.prefix_cache import block_key
+from llmserve.policies.prefix_cache import block_key
+from llmserve.replica.engine.kv_events import KVEventSubscriber
 
 
 def stored(*hashes: int | bytes) -> kv_events.BlockStored:

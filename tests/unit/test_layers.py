@@ -1,19 +1,28 @@
-"""The layers of docs/design.md, read from the import graph: the pure policies import no Ray,
-vLLM, web framework or asyncio (not even through another module of ours); only the vLLM engine
-module imports vllm or torch; the config and policies never import the deployments; and the
-checker itself catches a policy that imports ray."""
+"""The layers of docs/design.md, read from the import graph: each package of `llmserve/` (one
+runtime role each) imports only packages of the layers below its own; the pure policies import no
+Ray, vLLM, web framework or asyncio (not even through another module of ours); only the vLLM
+engine module imports vllm or torch; and the checkers themselves catch a policy that imports ray
+and a package that imports one above it."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("serve_app", "deployments", "autoscaling")
-POLICY_PACKAGES = ("serve_app/policies",)
-POLICY_MODULES = ("autoscaling/policy.py",)
+PACKAGES = ("llmserve",)
+POLICY_PACKAGES = ("llmserve/policies",)
+# llmserve's packages from the bottom up: a package imports only packages of a lower layer.
+LAYERS = (
+    {"protocol"},  # what the roles say to each other: plain data
+    {"policies"},  # pure decisions
+    {"config"},  # the app's args, validated
+    {"edge", "observability"},  # the node around the platform; metrics and traces
+    {"planning"},  # offline: model preparation, the memory plan
+    {"responses", "request_router", "autoscaling"},  # roles the Router and replicas call
+    {"router", "replica"},  # the two roles on a request's path
+    {"app", "ops"},  # the wiring, and the CLI
+)
 # What a pure policy may not reach: I/O frameworks, the cluster, the engine, the event loop.
 NOT_IN_POLICIES = {
     "ray",
@@ -31,7 +40,11 @@ NOT_IN_POLICIES = {
 ENGINE_ONLY = {"vllm", "torch"}
 # The serving engine, and model preparation (`llmserve prepare`: converting and quantizing
 # weights, torch imported inside the functions), which never runs on the request path.
-HEAVY_MODULES = {"deployments.engine.vllm_engine", "serve_app.model_source", "serve_app.quantize"}
+HEAVY_MODULES = {
+    "llmserve.replica.engine.vllm_engine",
+    "llmserve.planning.model_source",
+    "llmserve.planning.quantize",
+}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -82,8 +95,31 @@ def reach(start: str, modules: dict[str, Path], root: Path = ROOT) -> dict[str, 
 
 
 def policy_modules(root: Path = ROOT) -> list[str]:
-    names = [module_name(p, root) for d in POLICY_PACKAGES for p in (root / d).rglob("*.py")]
-    return sorted(names + [module_name(root / m, root) for m in POLICY_MODULES])
+    return sorted(module_name(p, root) for d in POLICY_PACKAGES for p in (root / d).rglob("*.py"))
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of an llmserve module's package (`llmserve.app` is the package `app`)."""
+    parts = module.split(".")
+    if parts[0] != "llmserve" or len(parts) < 2:
+        return None
+    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), None)
+
+
+def upward_imports(root: Path = ROOT) -> list[str]:
+    """Every import of an llmserve package from one in the same or a higher layer (other than
+    its own package), as 'importer -> imported'."""
+    modules = project_modules(root, PACKAGES)
+    found = []
+    for name, path in modules.items():
+        own = layer_of(name)
+        for imported in imports_of(path, root):
+            theirs = layer_of(imported)
+            if theirs is None or imported.split(".")[:2] == name.split(".")[:2]:
+                continue
+            if own is None or theirs >= own:
+                found.append(f"{name} -> {imported}")
+    return sorted(found)
 
 
 def forbidden_in_policies(root: Path = ROOT, packages=PACKAGES) -> dict[str, list[str]]:
@@ -102,39 +138,40 @@ def test_the_policies_are_pure():
     assert forbidden_in_policies() == {}
 
 
+def test_every_package_is_in_a_layer_and_imports_only_lower_ones():
+    packages = {p.name for p in (ROOT / "llmserve").iterdir() if (p / "__init__.py").exists()}
+    assert packages | {"app"} == set().union(*LAYERS), "a package of no layer, or a layer of none"
+    assert upward_imports() == []
+
+
+def test_the_layer_checker_catches_an_upward_import(tmp_path):
+    for package, source in (("config", "from llmserve.router import router\n"), ("router", "")):
+        (tmp_path / "llmserve" / package).mkdir(parents=True)
+        (tmp_path / "llmserve" / package / "__init__.py").write_text("")
+        (tmp_path / "llmserve" / package / "m.py").write_text(source)
+    (tmp_path / "llmserve" / "__init__.py").write_text("")
+    assert upward_imports(tmp_path) == [
+        "llmserve.config.m -> llmserve.router",
+        "llmserve.config.m -> llmserve.router.router",
+    ]
+
+
 def test_only_the_engine_module_imports_vllm_or_torch():
     for name, path in project_modules().items():
         heavy = {n.split(".")[0] for n in imports_of(path)} & ENGINE_ONLY
         assert not heavy or name in HEAVY_MODULES, (name, heavy)
 
 
-@pytest.mark.parametrize(
-    "layer",
-    [
-        "serve_app.config",
-        "serve_app.admission_config",
-        "serve_app.openai_protocol",
-        "serve_app.replica_call",
-        "serve_app.tenancy",
-        "serve_app.vllm_args",
-    ],
-)
-def test_config_and_protocol_never_reach_the_deployments(layer):
-    reached = reach(layer, project_modules())
-    assert not [m for m in reached if m.startswith("deployments")], reached
-
-
-def test_the_checker_catches_a_policy_that_imports_ray(tmp_path, monkeypatch):
-    """The check above fails when a policy imports ray, also through a helper module."""
-    policies = tmp_path / "serve_app" / "policies"
+def test_the_checker_catches_a_policy_that_imports_ray(tmp_path):
+    """The purity check fails when a policy imports ray, also through a helper module."""
+    policies = tmp_path / "llmserve" / "policies"
     policies.mkdir(parents=True)
-    (tmp_path / "serve_app" / "__init__.py").write_text("")
+    (tmp_path / "llmserve" / "__init__.py").write_text("")
     (policies / "__init__.py").write_text("")
-    (tmp_path / "serve_app" / "helper.py").write_text("import ray\n")
+    (tmp_path / "llmserve" / "helper.py").write_text("import ray\n")
     (policies / "clean.py").write_text("import math\n")
-    (policies / "sneaky.py").write_text("from serve_app import helper\n")
-    (tmp_path / "autoscaling").mkdir()
-    (tmp_path / "autoscaling" / "policy.py").write_text("from ray import serve\n")
-    found = forbidden_in_policies(tmp_path, packages=("serve_app", "autoscaling"))
-    assert set(found) == {"serve_app.policies.sneaky", "autoscaling.policy"}, found
-    assert any("ray" in f for f in found["serve_app.policies.sneaky"])
+    (policies / "sneaky.py").write_text("from llmserve import helper\n")
+    (policies / "autoscaling.py").write_text("from ray import serve\n")
+    found = forbidden_in_policies(tmp_path)
+    assert set(found) == {"llmserve.policies.sneaky", "llmserve.policies.autoscaling"}, found
+    assert any("ray" in f for f in found["llmserve.policies.sneaky"])

@@ -1,4 +1,4 @@
-"""serve_app/policies/memory_plan.py and `llmserve plan`, against figures worked out by hand
+"""llmserve/planning/memory_plan.py and `llmserve plan`, against figures worked out by hand
 (the weights' own figures: test_memory_plan_weights.py).
 
 Every expected number below is a literal with its arithmetic in a comment, so a wrong formula in
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app import cli
-from serve_app.policies import memory_plan as mp
-from serve_app.policies import weights as wt
-from serve_app.policies.memory_plan import GiB
+from llmserve.ops import cli
+from llmserve.planning import memory_plan as mp
+from llmserve.planning import weights as wt
+from llmserve.planning.memory_plan import GiB
 from tests.unit.hf_configs import LLAMA_2_7B, LLAMA_3_8B, SMOLLM2_135M, shape
 
 # ---- KV cache ---------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def write_serve_config(path: Path, models: list[dict], cache: Path) -> Path:
     args = {"model_cache_dir": str(cache), "models": models}
     doc = {
         "applications": [
-            {"name": "llmserve", "import_path": "serve_app.app:build_app", "args": args}
+            {"name": "llmserve", "import_path": "llmserve.app:build_app", "args": args}
         ]
     }
     path.write_text(yaml.safe_dump(doc))
@@ -163,11 +163,11 @@ def test_cli_plans_an_hf_config_on_a_gpu(tmp_path, capsys):
 def native_bf16_cpu(monkeypatch):
     """CPU plans follow this host's `dtype: auto` (float32 where bf16 is emulated): the tables
     below are a bf16 host's, whatever host runs them."""
-    monkeypatch.setattr("serve_app.host.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("llmserve.edge.host.cpu_has_native_bf16", lambda: True)
 
 
 def test_cpu_plan_on_a_cpu_that_emulates_bf16_is_float32(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("serve_app.host.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("llmserve.edge.host.cpu_has_native_bf16", lambda: False)
     cfg = write_model(tmp_path / "m", SMOLLM2_135M)
     assert cli.main(["plan", "--hf-config", str(cfg), "--cpu-kv-space", "2GiB"]) == 0
     fp16 = rows(capsys.readouterr().out)["fp16"]

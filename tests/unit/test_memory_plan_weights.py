@@ -1,4 +1,4 @@
-"""serve_app/policies/weights.py: parameter counts, weight bytes per scheme and what is read from
+"""llmserve/planning/weights.py: parameter counts, weight bytes per scheme and what is read from
 a model's config, against figures worked out by hand.
 
 Every expected number below is a literal with its arithmetic in a comment, so a wrong formula in
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.policies import weights as wt
+from llmserve.planning import weights as wt
 from tests.unit.hf_configs import LLAMA_2_7B, LLAMA_3_8B, QWEN2_0_5B, SMOLLM2_135M, shape
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from serve_app import model_source
-from serve_app.config import ModelConfig
-from serve_app.model_source import (
+from llmserve.config.app_config import ModelConfig
+from llmserve.planning import model_source
+from llmserve.planning.model_source import (
     ModelSourceError,
     Source,
     check,

@@ -13,7 +13,7 @@ import pickle
 
 import pytest
 
-from serve_app.openai_protocol import (
+from llmserve.protocol.openai_protocol import (
     MAX_TIMEOUT_S,
     OpenAIError,
     RequestFields,
@@ -23,7 +23,7 @@ from serve_app.openai_protocol import (
     read_fields,
     rewrite_body,
 )
-from serve_app.replica_call import CHAT_PATH, RESPONSES_PATH
+from llmserve.protocol.replica_call import CHAT_PATH, RESPONSES_PATH
 
 MSGS = [{"role": "user", "content": "hi"}]
 

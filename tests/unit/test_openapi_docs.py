@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 
-from serve_app import openapi_docs
+from llmserve.router import openapi_docs
 
 ENGINE_DOC = {
     "paths": {

@@ -1,4 +1,4 @@
-"""serve_app/policies/params.py: a policy's parameters check their annotated bounds when built
+"""llmserve/policies/params.py: a policy's parameters check their annotated bounds when built
 directly, cross Ray as plain dicts, and come out of a config block that extends them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated
 import pytest
 from annotated_types import Ge, Gt, Interval, Le, Lt, MultipleOf
 
-from serve_app.policies.params import Params
+from llmserve.policies.params import Params
 
 
 @dataclass(frozen=True, kw_only=True)

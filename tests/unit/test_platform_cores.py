@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from serve_app import platform_cores
+from llmserve.edge import platform_cores
 
 # value, cores on the host, a GPU there -> the platform's cores (None: every core)
 CHOICES = [
@@ -43,7 +43,7 @@ def test_choose_refuses(value, message):
 def _affinity_of_child(env_value: str) -> set[int]:
     env = {**os.environ, platform_cores.ENV: env_value}
     out = subprocess.run(
-        [sys.executable, "-m", "serve_app.cli", "confined", "--"]
+        [sys.executable, "-m", "llmserve.ops.cli", "confined", "--"]
         + [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
         env=env,
         capture_output=True,
@@ -62,7 +62,7 @@ def test_confined_runs_the_command_on_the_platform_cores():
 def test_confined_refuses_a_bad_value():
     env = {**os.environ, platform_cores.ENV: "99"}
     done = subprocess.run(
-        [sys.executable, "-m", "serve_app.cli", "confined", "--", "true"],
+        [sys.executable, "-m", "llmserve.ops.cli", "confined", "--", "true"],
         env=env,
         capture_output=True,
         text=True,

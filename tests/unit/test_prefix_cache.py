@@ -1,4 +1,4 @@
-"""Prefix-cache matching (serve_app/policies/prefix_cache.py): the block hashes are vLLM's own,
+"""Prefix-cache matching (llmserve/policies/prefix_cache.py): the block hashes are vLLM's own,
 the block index follows the engine's events, the longest cached prefix stops at the first miss,
 and the router's view keeps recently routed blocks only for a while."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.prefix_cache import (
+from llmserve.policies.prefix_cache import (
     BlockIndex,
     PrefixIndex,
     block_hashes,
@@ -14,7 +14,7 @@ from serve_app.policies.prefix_cache import (
     block_keys,
     cached_prefix_blocks,
 )
-from serve_app.replica_call import CachedBlocks
+from llmserve.protocol.replica_call import CachedBlocks
 
 
 @pytest.mark.parametrize("seed", [None, "0", "12345"])

@@ -1,4 +1,5 @@
-"""The request router's prefix-aware path (deployments/request_router.py) without Ray running:
+"""The request router's prefix-aware path (llmserve/request_router/request_router.py) without Ray
+running:
 it reads each replica's reported blocks, hashes the request's prompt once, sends it where the
 prompt is cached, and notes why for the Router."""
 
@@ -8,10 +9,10 @@ import json
 import time
 from types import SimpleNamespace
 
-from deployments import route_notes
-from deployments.request_router import LLMAwareRequestRouter
-from serve_app.policies.prefix_cache import block_keys
-from serve_app.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats
+from llmserve.policies.prefix_cache import block_keys
+from llmserve.protocol.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats
+from llmserve.request_router import route_notes
+from llmserve.request_router.request_router import LLMAwareRequestRouter
 from tests.unit.router_helpers import FakeReplica, llm_router
 
 BLOCK = 4

@@ -1,4 +1,4 @@
-"""The prefix-aware replica choice (serve_app/policies/routing.py), as tables: the cached prefix
+"""The prefix-aware replica choice (llmserve/policies/routing.py), as tables: the cached prefix
 wins within the load margin, loses beyond it, ties go to the session's replica, and without
 cache data the choice is today's."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose
+from llmserve.policies.routing import ReplicaLoad, ScoreWeights, choose
 
 W = ScoreWeights(prefix_weight=8.0, prefix_load_margin=4.0)
 

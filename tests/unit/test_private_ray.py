@@ -21,10 +21,10 @@ def calls(monkeypatch) -> list:
     log: list = []
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(
-        "serve_app.ray_env.apply", lambda port_base: log.append(("ray_env", port_base))
+        "llmserve.edge.ray_env.apply", lambda port_base: log.append(("ray_env", port_base))
     )
     monkeypatch.setattr(
-        "serve_app.ray_env.remove_cluster_files",
+        "llmserve.edge.ray_env.remove_cluster_files",
         lambda port_base: log.append(("remove_cluster_files", port_base)) or [],
     )
     ray = types.ModuleType("ray")
@@ -41,11 +41,11 @@ def calls(monkeypatch) -> list:
         shutdown=lambda: log.append(("serve.shutdown",)),
     )
     ray.serve = serve
-    app = types.ModuleType("serve_app.app")
+    app = types.ModuleType("llmserve.app")
     app.build_app = lambda args: ("app", args["n"])
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.serve", serve)
-    monkeypatch.setitem(sys.modules, "serve_app.app", app)
+    monkeypatch.setitem(sys.modules, "llmserve.app", app)
     return log
 
 

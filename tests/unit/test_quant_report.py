@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from bench import quant_report
-from serve_app.cli import app_configs
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
+from llmserve.ops.cli import app_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_CONFIG = ROOT / "bench" / "configs" / "quant_cuda.yaml"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app import quantization
-from serve_app.config import AppConfig, ModelConfig
-from serve_app.quantization import QuantizationError, check_model
+from llmserve.config import quantization
+from llmserve.config.app_config import AppConfig, ModelConfig
+from llmserve.config.quantization import QuantizationError, check_model
 
 # (platform, capability, quantize, engine.quantization, kv_cache_dtype)
 SUPPORTED = [
@@ -123,7 +123,7 @@ def test_config_load_refuses_quantize_on_a_simulated_engine():
 def test_the_shipped_serve_config_passes_the_check():
     from pathlib import Path
 
-    from serve_app.cli import app_configs
+    from llmserve.ops.cli import app_configs
 
     (config,) = app_configs(Path(__file__).parents[2] / "serve_config.yaml")
     assert {m.name: m.quantize for m in config.models} == {

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from serve_app import model_source, quantize
-from serve_app.config import ModelConfig
-from serve_app.model_source import MARKER, ModelSourceError, check, resolve
+from llmserve.config.app_config import ModelConfig
+from llmserve.planning import model_source, quantize
+from llmserve.planning.model_source import MARKER, ModelSourceError, check, resolve
 
 QUANTIZER = f"compressed-tensors {importlib.metadata.version('compressed-tensors')}"
 
@@ -273,7 +273,7 @@ def test_w4a16_packs_int4_weights_in_groups_of_32(tiny_llama, tmp_path):
 
 
 def test_a_group_size_that_does_not_divide_the_inputs_is_refused(tiny_llama, tmp_path, monkeypatch):
-    from serve_app import quantization
+    from llmserve.config import quantization
 
     odd = quantization.OFFLINE_SCHEMES["w4a16"].__class__(
         "W4A16", 48, "", quantization.OFFLINE_SCHEMES["w4a16"].support

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from serve_app.policies.rate_limit import TenantLimiter, TokenBucket, format_duration
+from llmserve.policies.rate_limit import TenantLimiter, TokenBucket, format_duration
 
 # -- TokenBucket ---------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""serve_app/ray_env.py: each cluster's HAProxy files in a run dir of its own, which Ray reads
+"""llmserve/edge/ray_env.py: each cluster's HAProxy files in a run dir of its own, which Ray reads
 from the names it sets, whose sockets fit a unix socket's path, and which `make stop` removes
 (`remove_cluster_files`) when it is this user's folder, and only then."""
 
@@ -9,8 +9,8 @@ import os
 import subprocess
 import sys
 
-from serve_app import ray_env
-from serve_app.ray_env import (
+from llmserve.edge import ray_env
+from llmserve.edge.ray_env import (
     HAPROXY_CONFIG_ENV,
     RAY_HAPROXY_CONFIG_DEFAULT,
     cluster_env,

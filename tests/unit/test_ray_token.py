@@ -1,11 +1,11 @@
-"""serve_app/ray_token.py: the cluster's Ray token where Ray reads it, this user's alone."""
+"""llmserve/edge/ray_token.py: the cluster's Ray token where Ray reads it, this user's alone."""
 
 from __future__ import annotations
 
 import re
 import stat
 
-from serve_app import ray_token
+from llmserve.edge import ray_token
 
 
 def _mode(path) -> int:

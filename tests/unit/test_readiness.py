@@ -1,10 +1,10 @@
-"""Which models cannot serve yet (serve_app/policies/readiness.py), as a table."""
+"""Which models cannot serve yet (llmserve/policies/readiness.py), as a table."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.readiness import NONE_RUNNING, NOT_KNOWN, not_ready
+from llmserve.policies.readiness import NONE_RUNNING, NOT_KNOWN, not_ready
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

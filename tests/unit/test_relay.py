@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from deployments.engine.asgi_call import AsgiCall, reply_parts
-from deployments.request_path import SseChunks
-from serve_app.openai_protocol import OpenAIError
-from serve_app.policies.stream_flush import FlushPolicy
-from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, Usage
+from llmserve.policies.stream_flush import FlushPolicy
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, Usage
+from llmserve.replica.engine.asgi_call import AsgiCall, reply_parts
+from llmserve.router.request_path import SseChunks
 
 # ------------------------------------------------------------------------------ FlushPolicy
 

@@ -1,10 +1,10 @@
-"""The Router's relay rules (serve_app/policies/relay.py), as tables."""
+"""The Router's relay rules (llmserve/policies/relay.py), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.relay import (
+from llmserve.policies.relay import (
     AfterAttempt,
     Attempt,
     Deadline,

@@ -1,5 +1,6 @@
 """The running-replica counts the request routers note for the Router's admission
-(deployments/replica_counts.py): what a model's count is once Ray pushed its replica set, and
+(llmserve/request_router/replica_counts.py): what a model's count is once Ray pushed its replica
+set, and
 which models must still be asked of the Serve controller."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 from ray.serve.request_router import RequestRouter
 
-from deployments import replica_counts
+from llmserve.request_router import replica_counts
 from tests.unit.router_helpers import llm_router, replica, round_robin
 
 

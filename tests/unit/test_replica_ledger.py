@@ -1,10 +1,10 @@
-"""The request router's bookkeeping (serve_app/policies/replica_ledger.py), as tables."""
+"""The request router's bookkeeping (llmserve/policies/replica_ledger.py), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.policies.replica_ledger import InFlight, Sessions
+from llmserve.policies.replica_ledger import InFlight, Sessions
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,11 @@
-"""The stats a replica reports to Serve (serve_app/replica_call.py): `RoutingStats` for the
+"""The stats a replica reports to Serve (llmserve/protocol/replica_call.py): `RoutingStats` for the
 request router, `AutoscalingStats` for the autoscaling policy, `PackedBlocks` inside the former.
 
 Their wire format (plain dicts, which Serve's controller holds), the round trip, the defaults of
 a partial dict (a replica that has not reported yet, or an older one), and each producer's output
 (LLMServer.record_routing_stats / record_autoscaling_stats) read by its consumers
-(deployments/request_router.py, autoscaling/ray_policy.py): a key renamed on one end only fails
+(llmserve/request_router/request_router.py, llmserve/autoscaling/ray_policy.py): a key renamed on
+one end only fails
 here. Only the wire-format table spells the keys; the other cases go through the classes.
 """
 
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve_app.replica_call import (
+from llmserve.protocol.replica_call import (
     AutoscalingStats,
     CachedBlocks,
     EngineStats,
@@ -226,7 +227,7 @@ class StubEngine:
 
 def server(stats: EngineStats, cached: CachedBlocks | None = None, queued: float = 0.0):
     """An LLMServer replica around a stub engine, without Ray running."""
-    from deployments.llm_server import LLMServer
+    from llmserve.replica.llm_server import LLMServer
 
     s = object.__new__(LLMServer.func_or_class)
     s._engine = StubEngine(stats, cached)
@@ -245,8 +246,8 @@ ENGINE = EngineStats(
 
 
 async def test_routing_stats_reach_the_request_router():
-    from deployments.request_router import replica_load
-    from serve_app.policies.routing import ReplicaLoad
+    from llmserve.policies.routing import ReplicaLoad
+    from llmserve.request_router.request_router import replica_load
     from tests.unit.router_helpers import FakeReplica, llm_router
 
     now_s = time.time()
@@ -286,7 +287,7 @@ async def test_blocks_are_packed_once_per_version_and_absent_without_a_cache():
 async def test_autoscaling_stats_reach_the_policy(monkeypatch):
     from ray.serve.config import AutoscalingContext
 
-    import autoscaling.ray_policy as ray_policy
+    import llmserve.autoscaling.ray_policy as ray_policy
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""The Router's reply relay (deployments/reply_relay.py) against a fake replica handle: what a
+"""The Router's reply relay (llmserve/router/reply_relay.py) against a fake replica handle: what a
 request whose deadline passed before its reply head answers."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from deployments.admission_gate import Ticket
-from deployments.reply_relay import ReplyRelay
-from serve_app.openai_protocol import OpenAIError
-from serve_app.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.router.admission_gate import Ticket
+from llmserve.router.reply_relay import ReplyRelay
 
 SSE = (("content-type", "text/event-stream"),)
 JSON = (("content-type", "application/json"),)

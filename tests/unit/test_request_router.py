@@ -1,4 +1,5 @@
-"""The Ray Serve request-router adapters (deployments/request_router.py), without Ray running:
+"""The Ray Serve request-router adapters (llmserve/request_router/request_router.py), without Ray
+running:
 a replica's load, the ranks the LLM-aware router hands Serve, its log line, round-robin, retries.
 
 The routers and the small stand-ins for replicas and pending requests: tests/unit/router_helpers.py.
@@ -14,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import deployments.request_router as rr
-from deployments.request_router import LLMAwareRequestRouter, replica_load
-from serve_app.policies.routing import ReplicaLoad, ScoreWeights, choose
-from serve_app.replica_call import RoutingStats
+import llmserve.request_router.request_router as rr
+from llmserve.policies.routing import ReplicaLoad, ScoreWeights, choose
+from llmserve.protocol.replica_call import RoutingStats
+from llmserve.request_router.request_router import LLMAwareRequestRouter, replica_load
 from tests.unit.router_helpers import (
     FakeReplica,
     ids,
@@ -86,8 +87,8 @@ def test_replica_load(case, stats, in_flight, expected):
 
 
 def test_initialize_state_takes_the_kwargs_app_py_passes():
-    from serve_app.app import request_router_config
-    from serve_app.config import ModelConfig
+    from llmserve.app import request_router_config
+    from llmserve.config.app_config import ModelConfig
 
     routing = {
         "session_affinity": False,

@@ -1,4 +1,5 @@
-"""The LLM-aware request router's state (deployments/request_router.py), without Ray running: its
+"""The LLM-aware request router's state (llmserve/request_router/request_router.py), without Ray
+running: its
 own in-flight count per replica (routed, completed, rejected, a replica's death) and the session
 table (affinity, when a session moves, its bound).
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from serve_app.policies.replica_ledger import Sessions
-from serve_app.replica_call import RoutingStats
+from llmserve.policies.replica_ledger import Sessions
+from llmserve.protocol.replica_call import RoutingStats
 from tests.unit.router_helpers import ids, llm_router, replica, request
 
 # -- in-flight accounting ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Responses API's store: the bounded map of stored responses (tenants apart, the oldest
-forgotten first) and a replica's turns over it (deployments/stored_turns.py) with a fake
+forgotten first) and a replica's turns over it (llmserve/replica/stored_turns.py) with a fake
 engine and a fake store handle."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from deployments.response_store import StoredResponse, StoredResponses
-from deployments.stored_turns import StoredTurns, Turn
-from serve_app.replica_call import RESPONSES_PATH, TENANT_HEADER, ReplicaRequest, ReplyHead
+from llmserve.protocol.replica_call import RESPONSES_PATH, TENANT_HEADER, ReplicaRequest, ReplyHead
+from llmserve.replica.stored_turns import StoredTurns, Turn
+from llmserve.responses.response_store import StoredResponse, StoredResponses
 
 
 def entry(tenant: str, text: str = "r") -> StoredResponse:

@@ -1,4 +1,4 @@
-"""Power of two choices on LLM-aware replica load (serve_app/policies/routing.py): pure, seeded RNG,
+"""Power of two choices on LLM-aware replica load (llmserve/policies/routing.py): pure, seeded RNG,
 no Ray."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from serve_app.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
+from llmserve.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
 
 W = ScoreWeights()  # waiting 1, kv 8, in_flight 1, stale after 5 s, affinity up to 32
 

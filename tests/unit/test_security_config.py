@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from serve_app.config import AppConfig
+from llmserve.config.app_config import AppConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_shipped_config_holds_no_key_only_the_demo_digests():
 
 
 def test_make_serve_starts_ray_with_token_auth_on_loopback():
-    from serve_app.ray_env import cluster_env
+    from llmserve.edge.ray_env import cluster_env
 
     env = cluster_env()
     assert env["RAY_AUTH_MODE"] == "token" and env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"

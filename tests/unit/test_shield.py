@@ -1,5 +1,6 @@
-"""The shield (serve_app/shield.py): each key's limit, the files a Router leaves for HAProxy in
-its node's folder, and what serve_app/haproxy_loopback.sh splices from them into the config Ray
+"""The shield (llmserve/router/shield.py): each key's limit, the files a Router leaves for HAProxy
+in
+its node's folder, and what llmserve/edge/haproxy_loopback.sh splices from them into the config Ray
 writes; two clusters on the machine at once, and one that is gone, keep their limits apart.
 The real HAProxy with them: test_shield_haproxy.py."""
 
@@ -14,14 +15,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from serve_app import shield
-from serve_app.config import AppConfig, key_digest
-from serve_app.ray_env import (
+from llmserve.config.app_config import AppConfig, key_digest
+from llmserve.edge.ray_env import (
     HAPROXY_CONFIG_ENV,
 )
-from serve_app.tenancy import TenantDirectory
+from llmserve.router import shield
+from llmserve.router.tenancy import TenantDirectory
 
-WRAPPER = Path(__file__).resolve().parents[2] / "serve_app" / "haproxy_loopback.sh"
+WRAPPER = Path(__file__).resolve().parents[2] / "llmserve" / "edge" / "haproxy_loopback.sh"
 LIMITED, OTHER, FROM_ENV = "sk-limited-0000", "sk-unlimited-1111", "sk-limited-env-2222"
 NODE = "a" * 56  # a node id, as Ray's: 56 hex digits
 HAPROXY_ON = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
@@ -180,7 +181,9 @@ def test_the_wrapper_merges_the_apps_maps_and_puts_the_rules_before_the_backends
     lines = [line.strip() for line in _wrap(cfg).splitlines()]
     assert (
         lines.index("frontend http_frontend")
-        < lines.index("# llmserve-shield (serve_app/shield.py): a key's requests over its limit")
+        < lines.index(
+            "# llmserve-shield (llmserve/router/shield.py): a key's requests over its limit"
+        )
         < lines.index("use_backend http-app2 if is_app2")
     )
     folder = tmp_path / "run" / NODE / "shield"

@@ -1,5 +1,5 @@
 """The shield in the real HAProxy (the binary Ray bundles), started through
-serve_app/haproxy_loopback.sh on the files a Router leaves (test_shield.py), in front of a plain
+llmserve/edge/haproxy_loopback.sh on the files a Router leaves (test_shield.py), in front of a plain
 HTTP server standing in for the Routers: a flood refused OpenAI-shaped, never what the bucket
 admits, and two clusters at once each at its own limit."""
 
@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve_app import shield
-from serve_app.ray_env import (
+from llmserve.edge.ray_env import (
     cluster_env,
     path_env,
     remove_cluster_files,
     run_dir,
 )
+from llmserve.router import shield
 from tests.unit.test_shield import (
     HAPROXY_ON,
     LIMITED,

@@ -1,4 +1,4 @@
-"""The trace-driven autoscaling simulator (autoscaling/simulator.py, simulate.py) and the
+"""The trace-driven autoscaling simulator (bench/autoscaling/simulator.py, simulate.py) and the
 issue's acceptance check: on the daily trace the policy uses at most 60% of the replica-seconds
 of fixed peak provisioning, keeps at least 99% of requests within the TTFT target, and changes
 direction at most 3 times in 10 minutes. Pure numpy and the policy function: no Ray."""
@@ -11,8 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autoscaling.policy import AutoscalingParams
-from autoscaling.simulate import (
+from bench.autoscaling.simulate import (
     MAX_COST_VS_FIXED,
     MAX_DIRECTION_CHANGES_PER_10_MIN,
     TTFT_OBJECTIVE,
@@ -25,8 +24,9 @@ from autoscaling.simulate import (
     meets_ttft,
     ttft_s,
 )
-from autoscaling.simulator import SIM_PARAMS, ReplicaModel, arrivals, simulate
-from autoscaling.traces import Trace, daily_trace, spike_trace
+from bench.autoscaling.simulator import SIM_PARAMS, ReplicaModel, arrivals, simulate
+from bench.autoscaling.traces import Trace, daily_trace, spike_trace
+from llmserve.policies.autoscaling import AutoscalingParams
 
 MODEL = ReplicaModel()
 

@@ -1,4 +1,5 @@
-"""serve_app/status.py: parsing Ray's exposition text, quantiles from buckets, rates, the table."""
+"""llmserve/ops/status.py: parsing Ray's exposition text, quantiles from buckets, rates, the
+table."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 
 import pytest
 
-from serve_app import cli, status
-from serve_app.status import (
+from llmserve.ops import cli, status
+from llmserve.ops.status import (
     ModelMetrics,
     Snapshot,
     bucket_delta,
@@ -128,8 +129,8 @@ def test_parse_models_matches_sanitised_deployment_names():
 
 
 def test_deployment_of_matches_the_app():
-    from serve_app.app import deployment_name
-    from serve_app.config import ModelConfig
+    from llmserve.app import deployment_name
+    from llmserve.config.app_config import ModelConfig
 
     for name in ["smollm2-135m-instruct", "org:m-v1", "a.b_c"]:
         assert status.deployment_of(name) == deployment_name(ModelConfig(name=name, source="x/y"))

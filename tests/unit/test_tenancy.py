@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import AppConfig, TenantConfig
-from serve_app.openai_protocol import OpenAIError
-from serve_app.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
+from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.router.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
 
 KEY_A = "sk-alpha-0000"
 KEY_B = "sk-bravo-1111"

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from serve_app.tracing import RequestIdentityMiddleware, request_id_from
+from llmserve.observability.tracing import RequestIdentityMiddleware, request_id_from
 
 TRACEPARENT_RE = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -215,7 +215,7 @@ def test_file_exporter_writes_each_span_with_its_events(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from serve_app.tracing import JsonLinesSpanExporter
+    from llmserve.observability.tracing import JsonLinesSpanExporter
 
     path = tmp_path / "spans.jsonl"
     provider = TracerProvider()

@@ -1,5 +1,6 @@
 """A class's first-token promise (admission.ttft_objective_s_by_class): which finished requests
-met it and which missed it, as serve_app/metrics.py counts them (llmserve_ttft_objective_total),
+met it and which missed it, as llmserve/observability/metrics.py counts them
+(llmserve_ttft_objective_total),
 and the config's checks."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.admission_config import AdmissionConfig
-from serve_app.metrics import RequestOutcome
+from llmserve.config.admission_config import AdmissionConfig
+from llmserve.observability.metrics import RequestOutcome
 
 
 def outcome(**kw) -> RequestOutcome:

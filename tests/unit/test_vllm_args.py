@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import ModelConfig
-from serve_app.vllm_args import engine_kwargs, flags, launch
+from llmserve.config.app_config import ModelConfig
+from llmserve.replica.vllm_args import engine_kwargs, flags, launch
 
 
 def model(**kw) -> ModelConfig:

@@ -1,0 +1,1 @@
+"""Metrics (through Ray's pipeline) and traces (OpenTelemetry) that every role emits."""

@@ -1,0 +1,1 @@
+"""Operations: the `llmserve` command line (prepare, check, status, ray-env)."""

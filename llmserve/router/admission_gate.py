@@ -1,0 +1,295 @@
+"""The Router's door: per-tenant rate and concurrency limits, then a per-model priority queue.
+
+Acts on the pure policies (llmserve/policies/: rate_limit.py, admission.py) with asyncio futures
+and the clock; holds no policy of its own. One gate per Router replica; limits and queue capacity
+are this replica's share of the app's (see TenantLimiter and docs/admission.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmserve.config.app_config import AppConfig, ModelConfig, TenantConfig
+from llmserve.observability import tracing
+from llmserve.policies import readiness
+from llmserve.policies.admission import AdmissionPolicy, Admit, Queue, Reject
+from llmserve.policies.rate_limit import TenantLimiter
+from llmserve.protocol.openai_protocol import OpenAIError
+
+
+@dataclass
+class Ticket:
+    """What one admitted request holds; `Gate.finish` gives it all back exactly once."""
+
+    entry_id: str
+    tenant: str
+    model: str
+    num_reserved_tokens: int
+    deadline_s: float  # on the gate's monotonic clock
+    rate_headers: dict[str, str]
+    queue_wait_s: float = 0.0
+    admitted_at: float = 0.0  # when it passed the rate limits, on the gate's clock
+    finished: bool = field(default=False)
+    expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
+
+
+UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
+
+
+def _initial_replicas(model: ModelConfig) -> int:
+    a = model.deployment.autoscaling
+    return model.deployment.num_replicas if a is None else max(a.min_replicas, 1)
+
+
+def _retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
+class Gate:
+    def __init__(
+        self,
+        config: AppConfig,
+        tenants: list[TenantConfig],
+        num_router_replicas: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.clock = clock  # tickets' times are on it; the Router's relay and housekeeping read it
+        self._share = 1.0 / num_router_replicas
+        self._levels = config.admission.priority_levels
+        self._tenants = {t.name: t for t in tenants}
+        self._limiters = {
+            t.name: TenantLimiter(
+                requests_per_s=t.rate_limits.requests_per_s,
+                max_burst_requests=t.rate_limits.max_burst_requests,
+                tokens_per_min=t.rate_limits.tokens_per_min,
+                share=self._share,
+            )
+            for t in tenants
+        }
+        self._models = {m.name: m for m in config.models}
+        adm = config.admission
+        self._queues = {
+            m.name: AdmissionPolicy(
+                capacity=self._capacity(m, _initial_replicas(m)),
+                max_queue_len=adm.max_queue_len,
+                max_queue_wait_s=adm.max_queue_wait_s,
+                max_queue_wait_s_by_level=adm.max_queue_wait_s_by_level(),
+                ageing_s=adm.ageing_s,
+                capped_priority=max(adm.priority_levels.values()),
+                batch_max_share=adm.batch_max_share,
+                engine_slots=self._engine_slots(m, _initial_replicas(m)),
+                ttft_objective_s_by_level={
+                    adm.priority_levels[c]: s for c, s in adm.ttft_objective_s_by_class.items()
+                },
+            )
+            for m in config.models
+        }
+        self._live_replicas: dict[str, int] = {}  # unknown until the first refresh
+        self._may_scale_to_zero = frozenset(
+            m.name
+            for m in config.models
+            if m.deployment.autoscaling is not None and m.deployment.autoscaling.min_replicas == 0
+        )
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._concurrent: Counter[str] = Counter()
+        self._ids = itertools.count()
+        self.num_rejected: Counter[tuple[str, str]] = Counter()  # (model, reason) -> count
+
+    def _capacity(self, model: ModelConfig, num_replicas: int) -> int:
+        # Every Router replica admits its share of what the model's replicas can run at once.
+        if num_replicas == 0 and model.deployment.autoscaling is not None:
+            # Scaled to zero: let one request through to Ray's handle, where the autoscaler
+            # sees it and starts a replica; the rest wait in the queue (within their deadline).
+            return 1
+        return math.ceil(model.deployment.max_ongoing_requests * num_replicas * self._share)
+
+    def _engine_slots(self, model: ModelConfig, num_replicas: int) -> int:
+        # This Router replica's share of the sequences the model's engines run at once: what
+        # the classes share (batch_max_share), where the capacity also counts their waiting line.
+        return math.ceil(model.engine.max_num_seqs * num_replicas * self._share)
+
+    def priority(self, tenant: TenantConfig) -> int:
+        return self._levels[tenant.priority]
+
+    # ------------------------------------------------------------------------------ admission
+
+    async def admit(
+        self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
+    ) -> Ticket:
+        """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors."""
+        with tracing.tracer.start_as_current_span("rate_limit", record_exception=False) as span:
+            span.set_attribute("llmserve.tenant", tenant.name)
+            ticket = self._check_limits(tenant, model, num_tokens, timeout_s)
+        with tracing.tracer.start_as_current_span("queue_wait", record_exception=False) as span:
+            try:
+                await self._enter_queue(ticket, self.priority(tenant), timeout_s)
+            except BaseException:
+                self._concurrent[tenant.name] -= 1
+                self._limiters[tenant.name].settle(num_tokens, 0, self.clock())
+                ticket.finished = True
+                raise
+            ticket.queue_wait_s = self.clock() - ticket.admitted_at
+            span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
+        return ticket
+
+    def precheck(self, tenant: TenantConfig) -> None:
+        """The tenant's request rate, right after its key and before its body is read; raises
+        the 429. Admission proper (`admit`) takes from the buckets."""
+        decision = self._limiters[tenant.name].peek_request(self.clock())
+        if not decision.allowed:
+            self.num_rejected[(UNKNOWN_MODEL, "rate_limit")] += 1
+            raise self._rate_limited(tenant, decision, decision.status.headers())
+
+    def _rate_limited(self, tenant: TenantConfig, decision, headers: dict[str, str]) -> OpenAIError:
+        return OpenAIError(
+            429,
+            f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
+            f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
+            code="rate_limit_exceeded",
+            headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
+        )
+
+    def _check_limits(
+        self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
+    ) -> Ticket:
+        """The tenant's token buckets and concurrency cap; a ticket holding both, or 429."""
+        now = self.clock()
+        limiter = self._limiters[tenant.name]
+        decision = limiter.try_admit(num_tokens, now)
+        headers = decision.status.headers()
+        if not decision.allowed:
+            self.num_rejected[(model, "rate_limit")] += 1
+            if decision.exceeds_limit:
+                raise OpenAIError(
+                    400,
+                    f"this request needs {num_tokens} tokens, more than your limit allows; "
+                    "lower max_tokens or shorten the prompt",
+                    param="max_tokens",
+                    code="request_too_large",
+                    headers=headers,
+                )
+            raise self._rate_limited(tenant, decision, headers)
+        ticket = Ticket(
+            f"q{next(self._ids)}",
+            tenant.name,
+            model,
+            num_tokens,
+            now + timeout_s,
+            headers,
+            admitted_at=now,
+        )
+        cap = tenant.max_concurrent_requests
+        if cap is not None and self._concurrent[tenant.name] >= math.ceil(cap * self._share):
+            limiter.settle(num_tokens, 0, now)
+            self.num_rejected[(model, "concurrency")] += 1
+            raise OpenAIError(
+                429,
+                f"Too many concurrent requests for tenant '{tenant.name}' (limit {cap}).",
+                code="concurrency_limit_exceeded",
+                headers={**headers, "Retry-After": "1"},
+            )
+        self._concurrent[tenant.name] += 1
+        return ticket
+
+    async def _enter_queue(self, ticket: Ticket, priority: int, timeout_s: float) -> None:
+        queue = self._queues[ticket.model]
+        now = self.clock()
+        for r in queue.poll(now):  # expired entries must not count against the newcomer
+            self._fail_waiter(ticket.model, r)
+        decision = queue.offer(ticket.entry_id, priority, now)
+        if isinstance(decision, Admit):
+            return
+        if isinstance(decision, Reject):
+            raise self._rejection(ticket.model, decision)
+        assert isinstance(decision, Queue)
+        if decision.displaced is not None:
+            self._fail_waiter(ticket.model, decision.displaced)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[ticket.entry_id] = fut
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except BaseException as e:
+            # Timed out, cancelled (client left) or rejected: whichever, leave no trace behind.
+            if not queue.cancel(ticket.entry_id) and queue.is_in_flight(ticket.entry_id):
+                self._start(queue.release(ticket.entry_id, self.clock()))
+            if isinstance(e, asyncio.TimeoutError):
+                self.num_rejected[(ticket.model, "deadline")] += 1
+                raise OpenAIError(
+                    504,
+                    f"deadline of {timeout_s:g} s exceeded while queued",
+                    code="deadline_exceeded",
+                ) from None
+            raise
+        finally:
+            self._waiters.pop(ticket.entry_id, None)
+
+    def _rejection(self, model: str, r: Reject) -> OpenAIError:
+        self.num_rejected[(model, r.reason)] += 1
+        what = {
+            "queue_full": "queue is full",
+            "queue_timeout": "request waited too long",
+            "queue_wait": "expected queue wait is longer than allowed",
+        }[r.reason]
+        return OpenAIError(
+            503,
+            f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
+            code=r.reason,
+            headers={"Retry-After": _retry_after(r.retry_after_s)},
+        )
+
+    def _fail_waiter(self, model: str, r: Reject) -> None:
+        fut = self._waiters.get(r.entry_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(self._rejection(model, r))
+
+    def _start(self, entry_ids: list[str]) -> None:
+        for entry_id in entry_ids:
+            fut = self._waiters.get(entry_id)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def finish(self, ticket: Ticket, num_used_tokens: int) -> None:
+        """Give back the slot, the concurrency unit and the unused tokens. Idempotent."""
+        if ticket.finished:
+            return
+        ticket.finished = True
+        now = self.clock()
+        self._concurrent[ticket.tenant] -= 1
+        self._limiters[ticket.tenant].settle(ticket.num_reserved_tokens, num_used_tokens, now)
+        self._start(self._queues[ticket.model].release(ticket.entry_id, now))
+
+    # ------------------------------------------------------------------- periodic and state
+
+    def tick(self) -> None:
+        """Expire queued requests past their class's wait bound (call a few times a second)."""
+        now = self.clock()
+        for model, queue in self._queues.items():
+            for r in queue.poll(now):
+                self._fail_waiter(model, r)
+
+    def set_live_replicas(self, model: str, num_replicas: int) -> None:
+        self._live_replicas[model] = num_replicas
+        capacity = self._capacity(self._models[model], num_replicas)
+        engine_slots = self._engine_slots(self._models[model], num_replicas)
+        queue = self._queues[model]
+        if (capacity, engine_slots) != (queue.capacity, queue.engine_slots):
+            self._start(queue.set_capacity(capacity, self.clock(), engine_slots))
+
+    def not_ready(self) -> dict[str, str]:
+        """Models that cannot serve now, with why; empty when the app is ready for traffic."""
+        return readiness.not_ready(self._models, self._live_replicas, self._may_scale_to_zero)
+
+    def rate_headers(self, tenant: TenantConfig) -> dict[str, str]:
+        return self._limiters[tenant.name].status(self.clock()).headers()
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        return {
+            model: {"capacity": q.capacity, "in_flight": q.num_in_flight, "queued": q.num_queued}
+            for model, q in self._queues.items()
+        }

@@ -1,0 +1,187 @@
+"""The Router's half of the token path: a forwarded request's reply, relayed as it comes.
+
+Bytes in, bytes out, per item (several tokens each): nothing is parsed per token. Settling a
+reply gives its admission slot back and charges the tenant's token bucket with the usage the
+replica counted, once, however the reply ended; a deadline that passed ends it with a 504. The
+rules (retry before the first output, what a reply costs) are llmserve/policies/relay.py.
+
+In a module of its own (imported, so pickled by reference): @serve.ingress pickles the Router's
+app by value while llmserve/router/router.py is still being imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+
+from ray.serve.exceptions import RequestCancelledError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from llmserve.policies.relay import (
+    MAX_ATTEMPTS,
+    Attempt,
+    Next,
+    after_attempt,
+    past_deadline,
+    tokens_charged,
+)
+from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.router.admission_gate import Gate, Ticket
+from llmserve.router.request_path import DONE_FRAME, OpenReply, outcome_of, sse_error
+
+logger = logging.getLogger("ray.serve")
+UNAVAILABLE = "the model is unavailable; retry shortly"
+ENGINE_FAILED = OpenAIError(
+    503, "the model's engine failed during generation; retry", headers={"Retry-After": "1"}
+)
+
+
+class ReplyRelay:
+    def __init__(
+        self, gate: Gate, dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]]
+    ) -> None:
+        self.gate = gate  # its clock is the one tickets' deadlines are on
+        # Dispatched and not yet finished, by entry id: the Router's housekeeping enforces
+        # their deadlines.
+        self.dispatched = dispatched
+
+    async def dispatch(
+        self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket, session: str
+    ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
+        """Sends to a replica and waits for its reply head. A replica that fails before any
+        output (it died, or says it is unhealthy) costs one retry on another replica. A stream
+        whose deadline passed before its head is a 504, not a 200 that ends in an error: the
+        housekeeping tick that enforces deadlines may not have come round yet."""
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            options = {"stream": True, "session_id": session} if session else {"stream": True}
+            stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(request)
+            self.dispatched[ticket.entry_id] = (ticket, stream)
+            try:
+                head = await self.next(stream, ticket)
+            except (OpenAIError, asyncio.CancelledError):
+                stream.cancel()  # the caller left or the deadline passed
+                raise
+            except StopAsyncIteration:
+                raise OpenAIError(500, "the replica ended the reply without a head") from None
+            except Exception as e:
+                stream.cancel()
+                logger.warning(
+                    "request %s failed before output on attempt %d: %r",
+                    request.request_id,
+                    attempt,
+                    e,
+                )
+                verdict = after_attempt(attempt, Attempt.FAILED)
+            else:
+                if head.code != "replica_unhealthy":
+                    now = self.gate.clock()
+                    if head.is_stream and past_deadline(now, ticket.deadline_s, ticket.expired):
+                        stream.cancel()
+                        raise self._deadline_passed(ticket)
+                    return stream, head
+                stream.cancel()
+                verdict = after_attempt(attempt, Attempt.UNHEALTHY, head.replica_id)
+            if verdict.next is Next.GIVE_UP:
+                raise OpenAIError(
+                    503, UNAVAILABLE, code=verdict.code, headers={"Retry-After": "1"}
+                ) from None
+            if verdict.avoid_replica:
+                request = dataclasses.replace(request, avoid_replica_id=verdict.avoid_replica)
+        raise AssertionError("unreachable: the last attempt gives up")
+
+    async def next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
+        """The reply's next item, or a 504 once the request's deadline has cancelled it."""
+        try:
+            return await stream.__anext__()
+        except RequestCancelledError:
+            if not ticket.expired:
+                raise
+            raise self._deadline_passed(ticket) from None
+
+    def _deadline_passed(self, ticket: Ticket) -> OpenAIError:
+        self.gate.num_rejected[(ticket.model, "deadline")] += 1
+        return OpenAIError(
+            504, "the request's deadline passed during generation", code="deadline_exceeded"
+        )
+
+    async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
+        """The reply's bytes as they come; raises OpenAIError if it fails midway."""
+        try:
+            if r.head.body:
+                yield r.head.body
+            while True:
+                try:
+                    item = await self.next(r.rest, r.ticket)
+                except StopAsyncIteration:
+                    raise OpenAIError(
+                        503,
+                        "the model replica ended the reply early; retry",
+                        headers={"Retry-After": "1"},
+                    ) from None
+                except (OpenAIError, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # the replica or its engine died mid-reply
+                    r.replica_failed = True
+                    logger.warning("request %s failed during generation: %r", r.trail.request_id, e)
+                    raise OpenAIError(
+                        503,
+                        "the model replica failed during generation; retry",
+                        headers={"Retry-After": "1"},
+                    ) from None
+                if isinstance(item, ReplyEnd):
+                    r.end = item
+                    if item.body:
+                        yield item.body
+                    return
+                yield item
+        finally:
+            self.settle(r)
+
+    def settle(self, r: OpenReply) -> None:
+        """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""
+        self.dispatched.pop(r.ticket.entry_id, None)
+        end = r.end
+        if end is None:
+            r.rest.cancel()  # aborts the engine request and frees its KV blocks
+        else:
+            u = end.usage
+            r.trail.num_prompt_tokens = u.num_prompt_tokens
+            r.trail.num_completion_tokens = u.num_completion_tokens
+            if not r.head.is_stream and u.first_output_s is not None:
+                r.trail.first_s = r.dispatched_s + u.first_output_s
+                r.trail.generation_s = (u.last_output_s or u.first_output_s) - u.first_output_s
+        used = None if end is None else end.usage.num_total_tokens
+        self.gate.finish(
+            r.ticket, tokens_charged(used, r.ticket.num_reserved_tokens, r.replica_failed)
+        )
+        r.span.set_attribute("llmserve.completion_tokens", r.trail.num_completion_tokens)
+        r.span.set_attribute("llmserve.completed", end is not None and not end.failed)
+        r.span.end()
+
+    async def collect(self, r: OpenReply) -> bytes:
+        return b"".join([part async for part in self.parts(r)])
+
+    async def sse(self, r: OpenReply) -> AsyncIterator[bytes]:
+        outcome: tuple[str, str] = ("cancelled", "")  # unless it gets further
+        tail = b""
+        try:
+            async for part in self.parts(r):
+                tail = (tail + part)[-len(DONE_FRAME) :]
+                yield part
+            outcome = ("ok", "")
+            if r.end.failed:
+                outcome = ("503", "engine_error")
+                if tail != DONE_FRAME:  # the engine died without its own error chunk: ours
+                    yield sse_error(ENGINE_FAILED)
+        except OpenAIError as e:
+            outcome = outcome_of(e)
+            yield sse_error(e)
+        except Exception:  # a bug of ours: still end the stream the way clients expect
+            logger.exception("stream %s failed", r.trail.request_id)
+            outcome = ("500", "")
+            yield sse_error(OpenAIError(500, "internal server error"))
+        finally:
+            r.trail.finish(*outcome)
