@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         results["load_average_end"] = machine.load_average()
         results["wall_s"] = round(time.monotonic() - t0, 1)
-        paths = report.write(results, out_dir, stamp)
+        paths = report.write(results, out_dir)
         if out_dir.resolve() == (ROOT / "bench" / "results").resolve() and not args.smoke:
             from bench import summary
 

@@ -1,11 +1,10 @@
-"""Results of a run: one JSON (dated, plus a stable `peers_latest.json`), a markdown report in
+"""Results of a run: `peers_latest.json` (earlier runs are in git's history), a markdown report in
 which every figure also shows as a ratio to bare vLLM measured in the same run, and the two
 plots of bench/peers/plots.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +17,15 @@ from bench.peers.spec import BASELINE
 LABELS = plots.LABELS
 
 
-def write(results: dict[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
+def write(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
-        "json": out_dir / f"peers-{stamp}.json",
         "latest_json": out_dir / "peers_latest.json",
         "markdown": out_dir / "peers_latest.md",
         "throughput_png": out_dir / "peers_latest_throughput.png",
         "latency_png": out_dir / "peers_latest_latency.png",
     }
-    paths["json"].write_text(json.dumps(results, indent=2))
-    shutil.copyfile(paths["json"], paths["latest_json"])
+    paths["latest_json"].write_text(json.dumps(results, indent=2))
     paths["markdown"].write_text(markdown(results))
     plots.throughput(results, paths["throughput_png"])
     plots.latency(results, paths["latency_png"])

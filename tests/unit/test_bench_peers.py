@@ -14,8 +14,9 @@ from bench.peers.__main__ import parse_args, workload
 from bench.peers.load import Req, status_of
 from bench.peers.spec import FULL, ROOT, SMOKE, TENANTS, Model, platform_app_args, resolve_model
 from bench.peers.systems import System, port_is_free
-from serve_app import host, vllm_args
-from serve_app.config import DEFAULT_MODEL_NAME, AppConfig
+from llmserve.config.app_config import DEFAULT_MODEL_NAME, AppConfig
+from llmserve.edge import host
+from llmserve.replica import vllm_args
 
 CONFIG = ROOT / "serve_config.yaml"
 
@@ -225,9 +226,10 @@ def test_machine_line_names_the_cpus_vector_extensions():
 
 def test_report_files(tmp_path):
     results = _results()
-    paths = report.write(results, tmp_path, "2026-11-30-000000")
+    paths = report.write(results, tmp_path)
     assert json.loads(paths["latest_json"].read_text()) == results
-    assert paths["json"].name == "peers-2026-11-30-000000.json"
+    written = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json")
+    assert written == ["peers_latest.json"]  # one file per benchmark: history is git's
     for key in ("throughput_png", "latency_png"):
         assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
