@@ -7,8 +7,8 @@ is the smallest constant replica count that meets the same TTFT objective under 
 rate held for 10 minutes: what one provisions for the peak without autoscaling.
 
 `python -m bench.autoscaling.simulate` prints a table and writes
-bench/autoscaling/results/simulation.json
-and simulation.png (load, queue and replicas over time for each trace).
+bench/autoscaling/results/simulation.json and simulation.png (load, queue and replicas over time for
+each trace).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Arrival-rate traces for the autoscaling simulator (bench/autoscaling/simulate.py): one mean rate
-a
-second; a daily cycle compressed in time, a sudden 10x spike, a slow ramp."""
+a second; a daily cycle compressed in time, a sudden 10x spike, a slow ramp."""
 
 from __future__ import annotations
 

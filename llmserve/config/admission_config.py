@@ -1,7 +1,6 @@
 """Who may call and how much (tenants, their keys and limits), and the queue's bounds: the
 `tenants:` and `admission:` blocks of the app's arguments. Pure data, like
-llmserve/config/app_config.py,
-which re-exports these classes."""
+llmserve/config/app_config.py, which re-exports these classes."""
 
 from __future__ import annotations
 

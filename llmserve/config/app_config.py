@@ -179,8 +179,9 @@ class HealthConfig(Strict):
         ge=0,
         description="An idle engine gets the one-token probe at a health check only when "
         "nothing (request or probe) came out of it for this long; 0 probes at every check. "
-        "Each probe costs vLLM's worker ~1 s of CPU after it (its shared-memory queue spins "
-        "after every read): ~10% of a core per idle engine at Serve's 10 s check period.",
+        "Each probe costs vLLM's worker a spell of spinning CPU after it (its shared-memory "
+        "queue spins after every read): at Serve's 10 s check period, a lasting share of a core "
+        "per idle engine.",
     )
 
 

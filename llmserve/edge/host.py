@@ -1,9 +1,8 @@
 """What this host's CPU computes natively, read from /proc/cpuinfo.
 
-Measured here (an AMD EPYC without AVX-512, `torch.nn.functional.linear` of a 64x576 batch by a
-576x1536 weight on one core): float32 49 GFLOP/s, bfloat16 8 GFLOP/s. Without the AVX-512 BF16
-or AMX instructions (x86) or the BF16 extension (aarch64) a CPU emulates bf16 arithmetic, so a
-bf16 model computes about 6x slower than the same model in float32, and vLLM's `--dtype auto`
+Without the AVX-512 BF16 or AMX instructions (x86) or the BF16 extension (aarch64) a CPU
+emulates bf16 arithmetic, so a bf16 model computes several times slower than the same model in
+float32 (docs/configuration.md, `dtype`), and vLLM's `--dtype auto`
 (the model's own bf16) gets that slow path. The platform's `dtype: auto` takes float32 there
 (llmserve/replica/vllm_args.py).
 """

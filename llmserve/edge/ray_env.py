@@ -1,9 +1,9 @@
 """The Ray environment the platform runs under: Serve's throughput-optimized mode behind HAProxy,
 Ray's token authentication, and on one machine, every listener on loopback.
 
-Measured (bench/relay_cost.py, results in bench/results/relay_cost.md): with Serve's defaults
-every streamed item costs ~0.25 ms of CPU in Serve's Python proxy and ~0.4 ms in the Router,
-whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
+With Serve's defaults every streamed item costs a fixed share of a core in Serve's Python proxy
+and in the Router, whatever it holds (bench/relay_cost.py; bench/results/relay_cost.md has the
+figures of each option): that, not the GPU, would cap a node's tokens/s. So:
 - `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: gRPC between deployments, direct ingress (the Router
   replica serves HTTP itself, so Serve's proxy leaves the token path), GC frozen after start.
 - `RAY_SERVE_ENABLE_HA_PROXY=1`: HAProxy (C) takes the API port and balances over the Router
@@ -11,22 +11,19 @@ whatever it holds; that, not the GPU, would cap a node's tokens/s. So:
   moves when its replica is replaced). HAProxy runs through llmserve/edge/haproxy_loopback.sh, which
   keeps its stats and metrics listeners on loopback.
 - `RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.5`: Serve's controller runs its loop every 0.5 s, not
-  every 0.1 s. Its every-loop work (the node cache from the GCS, HAProxy's target groups, state
-  updates) took 4.4% of a core and the GCS 1.7% while one model streamed to 16 clients on the
-  2-core host; at 0.5 s, 2.1% and 0.9% (process CPU over the same load). Replica transitions,
-  health verdicts and scaling decisions may wait 0.4 s more; the scaling delays are seconds of
-  wall time (llmserve/policies/autoscaling.py), not loop counts. Ray's performance guide names the
-  knob.
+  every 0.1 s: its every-loop work (the node cache from the GCS, HAProxy's target groups, state
+  updates) and the GCS's answers to it cost a share of a core that halves with the loop's rate,
+  on cores the engine needs. Replica transitions, health verdicts and scaling decisions may wait
+  0.4 s more; the scaling delays are seconds of wall time (llmserve/policies/autoscaling.py), not
+  loop counts. Ray's performance guide names the knob.
 - `RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0`: Ray's log monitor lists the log folder every
-  0.5 s (`LOG_NAME_UPDATE_INTERVAL_S`), not every 0.1 s as it does below 1000 files: 0.43% of a
-  core idle against 0.83% (the default model's app, 60 s). A new worker's log is picked up up
-  to 0.5 s later.
+  0.5 s (`LOG_NAME_UPDATE_INTERVAL_S`), not every 0.1 s as it does below 1000 files: half its
+  idle CPU. A new worker's log is picked up up to 0.5 s later.
 - `RAY_worker_niceness=0`: Ray starts its workers at nice 15, and the engine's processes, which a
   replica starts, inherit it; any process at nice 0 on their cores (Ray's own daemons, a node
   agent, a load generator) then takes the core from the engine core and its worker whenever it
-  wants it. The workers are the workload here: at 0 they share as equals, as `vllm serve` does.
-  Measured at nice 15: the engine spent 74 ms of CPU per token at one stream against bare
-  vLLM's 65; the effect on tokens/s is within this 2-core host's noise (docs/benchmarks.md).
+  wants it. The workers are the workload here: at 0 they share as equals, as `vllm serve` does
+  (docs/benchmarks.md, "The platform off the engine's cores").
 - `RAY_SERVE_HAPROXY_CONFIG_FILE_LOC`, `_SOCKET_PATH`, `_SERVER_STATE_BASE`, `_SERVER_STATE_FILE`,
   `_METRICS_SOCKET_PATH`: HAProxy's files in this cluster's folder, `run_dir()` (Ray's
   defaults, under /tmp/haproxy-serve, are the same for every cluster on the machine).

@@ -196,8 +196,7 @@ class ReplicaPrefixCacheMetrics:
 
 def routing_decisions() -> Counter:
     """Replica choices by reason, counted by the request router
-    (llmserve/request_router/request_router.py)
-    in the Router's process."""
+    (llmserve/request_router/request_router.py) in the Router's process."""
     return Counter(
         "llmserve_routing_decisions",
         description="Replica choices by reason: prefix (cache credit won), load (cache known, "

@@ -98,8 +98,8 @@ def configure_tracing(
         elif choice == "file":
             if not file_path:
                 raise ValueError("tracing exporter 'file' needs tracing.file_path")
-            # Batched, off the event loop: a synchronous write per span cost the Router 23% of
-            # its loop under a flood of refusals.
+            # Batched, off the event loop: a synchronous write per span would take the Router's
+            # loop from its requests, most under a flood of refusals (a span each).
             _provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(file_path)))
         elif choice != "none":
             raise ValueError(f"unknown tracing exporter {choice!r}: otlp, console, file or none")

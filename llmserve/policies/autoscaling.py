@@ -30,9 +30,8 @@ Seconds = Annotated[float, Ge(0)]  # a delay or a duration; 0: none
 class AutoscalingParams(Params):
     """The policy's parameters, and the `deployment.autoscaling:` config block (which adds
     Ray's `metrics_interval_s`, llmserve/config/app_config.py). The defaults are the shipped ones
-    and the
-    ones the trace-driven simulation chose and accepts (bench/autoscaling/simulator.py SIM_PARAMS,
-    docs/autoscaling.md); only max_replicas, a cluster's size, differs there."""
+    and the ones the trace-driven simulation chose and accepts (bench/autoscaling/simulator.py
+    SIM_PARAMS, docs/autoscaling.md); only max_replicas, a cluster's size, differs there."""
 
     min_replicas: Annotated[int, Ge(0)] = 1
     max_replicas: Annotated[int, Ge(1)] = 2

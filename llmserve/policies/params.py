@@ -1,9 +1,8 @@
 """The base of a policy's parameters: a frozen dataclass whose fields carry their bounds.
 
 A bound is annotated_types metadata on the field (`Annotated[float, Ge(0)]`), the same object
-pydantic reads when the config validates the block (llmserve/config/app_config.py uses these
-classes as
-its field types), so a field's name, default and bound are written once, here in the policy.
+pydantic reads when the config validates the block (llmserve/config/app_config.py uses these classes
+as its field types), so a field's name, default and bound are written once, here in the policy.
 Constructed directly (tests, the simulator, the Ray adapters), `check_bounds` enforces them.
 
 Ray passes a policy's arguments as JSON (RequestRouterConfig.request_router_kwargs,

@@ -3,8 +3,7 @@ output, whether its time is up when its reply starts, what its deadline asks of 
 flight, and what a finished reply costs its tenant.
 
 llmserve/router/reply_relay.py and llmserve/router/router.py act on them: Ray calls, cancellation
-and
-errors stay there; the rules are here, table-tested in tests/unit/test_relay_rules.py.
+and errors stay there; the rules are here, table-tested in tests/unit/test_relay_rules.py.
 """
 
 from __future__ import annotations

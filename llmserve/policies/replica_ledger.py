@@ -1,7 +1,6 @@
 """The request router's own bookkeeping, pure: requests in flight per replica, and the replica
-each session last went to. llmserve/request_router/request_router.py feeds them Ray's callbacks;
-the rules
-(what may decrement a count, which session is forgotten first) are here, table-tested in
+each session last went to. llmserve/request_router/request_router.py feeds them Ray's callbacks; the
+rules (what may decrement a count, which session is forgotten first) are here, table-tested in
 tests/unit/test_replica_ledger.py. Replica ids are any hashable (Ray's ReplicaID there).
 """
 

@@ -6,12 +6,13 @@ generator waits at its `yield` meanwhile, so what is written then goes in the ne
 autocork does). An idle path adds nothing to a token's latency; a busy one sends fewer, larger
 items, by itself.
 
-Each item that crosses a Ray hop costs the sender and the receiver a fixed ~0.1-0.3 ms of CPU,
-whatever it holds (bench/relay_cost.py measures it). An operator who would rather spend less of
-it than send every token may set `interval_s` above 0: at most one item per interval per stream,
-whatever was written meanwhile going together. The first bytes (the response head and the first
-token) still go at once, and so do the last and bytes written after a quiet spell longer than
-the interval: holding back never adds more than `interval_s` to a token's latency.
+Each item that crosses a Ray hop costs the sender and the receiver a fixed share of CPU,
+whatever it holds (bench/relay_cost.py measures it: bench/results/relay_cost.md). An operator
+who would rather spend less of it than send every token may set `interval_s` above 0: at most
+one item per interval per stream, whatever was written meanwhile going together. The first bytes
+(the response head and the first token) still go at once, and so do the last and bytes written
+after a quiet spell longer than the interval: holding back never adds more than `interval_s` to
+a token's latency.
 """
 
 from __future__ import annotations

@@ -3,12 +3,11 @@ heard it from Ray.
 
 Ray pushes a deployment's running replicas to each handle's request router whenever they change
 (a long poll on the Serve controller); llmserve/request_router/request_router.py notes the count
-here, and
-the Router's admission reads it. Ray builds a handle's request router at the handle's first
-request, so until then the Router asks the controller (`serve.status`) instead. That call cost
-the Router ~0.6% of a core every 2 s (the whole app's status, parsed into pydantic models) and
-the controller the same again; with the counts pushed here it stops after each model's first
-request, and admission follows a scale-up as soon as Ray's own routing does.
+here, and the Router's admission reads it. Ray builds a handle's request router at the handle's
+first request, so until then the Router asks the controller (`serve.status`) instead. That call
+costs the Router and the controller CPU every 2 s (the whole app's status, parsed into pydantic
+models); with the counts pushed here it stops after each model's first request, and admission
+follows a scale-up as soon as Ray's own routing does.
 """
 
 from __future__ import annotations

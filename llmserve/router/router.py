@@ -138,9 +138,8 @@ class Router:
     async def _housekeeping(self) -> None:
         """Expire queued requests and enforce deadlines every tick; follow each model's live
         replica count (llmserve/request_router/replica_counts.py). Where the count must be asked of
-        the Serve
-        controller, which can stall for many seconds, it is asked in a task of its own, so that
-        no tick ever waits for it."""
+        the Serve controller, which can stall for many seconds, it is asked in a task of its own, so
+        that no tick ever waits for it."""
         last_refresh = 0.0
         refresh: asyncio.Task | None = None
         while True:

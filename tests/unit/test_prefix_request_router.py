@@ -1,7 +1,6 @@
 """The request router's prefix-aware path (llmserve/request_router/request_router.py) without Ray
-running:
-it reads each replica's reported blocks, hashes the request's prompt once, sends it where the
-prompt is cached, and notes why for the Router."""
+running: it reads each replica's reported blocks, hashes the request's prompt once, sends it where
+the prompt is cached, and notes why for the Router."""
 
 from __future__ import annotations
 

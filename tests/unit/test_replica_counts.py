@@ -1,7 +1,6 @@
 """The running-replica counts the request routers note for the Router's admission
 (llmserve/request_router/replica_counts.py): what a model's count is once Ray pushed its replica
-set, and
-which models must still be asked of the Serve controller."""
+set, and which models must still be asked of the Serve controller."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ Their wire format (plain dicts, which Serve's controller holds), the round trip,
 a partial dict (a replica that has not reported yet, or an older one), and each producer's output
 (LLMServer.record_routing_stats / record_autoscaling_stats) read by its consumers
 (llmserve/request_router/request_router.py, llmserve/autoscaling/ray_policy.py): a key renamed on
-one end only fails
-here. Only the wire-format table spells the keys; the other cases go through the classes.
+one end only fails here. Only the wire-format table spells the keys; the other cases go through the
+classes.
 """
 
 from __future__ import annotations

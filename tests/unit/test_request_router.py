@@ -1,6 +1,6 @@
 """The Ray Serve request-router adapters (llmserve/request_router/request_router.py), without Ray
-running:
-a replica's load, the ranks the LLM-aware router hands Serve, its log line, round-robin, retries.
+running: a replica's load, the ranks the LLM-aware router hands Serve, its log line, round-robin,
+retries.
 
 The routers and the small stand-ins for replicas and pending requests: tests/unit/router_helpers.py.
 The in-flight accounting and the session table: test_request_router_state.py.

@@ -1,7 +1,6 @@
 """The LLM-aware request router's state (llmserve/request_router/request_router.py), without Ray
-running: its
-own in-flight count per replica (routed, completed, rejected, a replica's death) and the session
-table (affinity, when a session moves, its bound).
+running: its own in-flight count per replica (routed, completed, rejected, a replica's death) and
+the session table (affinity, when a session moves, its bound).
 
 The routers and the stand-ins for replicas and requests: tests/unit/router_helpers.py.
 """

@@ -1,7 +1,6 @@
 """The shield (llmserve/router/shield.py): each key's limit, the files a Router leaves for HAProxy
-in
-its node's folder, and what llmserve/edge/haproxy_loopback.sh splices from them into the config Ray
-writes; two clusters on the machine at once, and one that is gone, keep their limits apart.
+in its node's folder, and what llmserve/edge/haproxy_loopback.sh splices from them into the config
+Ray writes; two clusters on the machine at once, and one that is gone, keep their limits apart.
 The real HAProxy with them: test_shield_haproxy.py."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """A class's first-token promise (admission.ttft_objective_s_by_class): which finished requests
 met it and which missed it, as llmserve/observability/metrics.py counts them
-(llmserve_ttft_objective_total),
-and the config's checks."""
+(llmserve_ttft_objective_total), and the config's checks."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 
 The only module that imports vllm. It parses the model's flags with vLLM's own argument parser
 (the argv `vllm serve` would get, from llmserve/replica/vllm_args.py; `python -m` on this module
-runs
-that parser alone, build_app's check before a deploy), starts one AsyncLLM (V1 engine)
-and builds vLLM's own FastAPI app and serving state over it (`build_app`, `init_app_state`), so
+runs that parser alone, build_app's check before a deploy), starts one AsyncLLM (V1 engine) and
+builds vLLM's own FastAPI app and serving state over it (`build_app`, `init_app_state`), so
 every request is validated, answered and streamed by vLLM's code: logprobs, structured output,
 tool calls and vLLM's extra parameters work as they do against `vllm serve`.
 
@@ -51,9 +50,8 @@ logger = logging.getLogger(__name__)
 
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     """vLLM's own parsing of the argv `vllm serve` would get (llmserve/replica/vllm_args.py). A
-    flag or
-    value it refuses raises ValueError with argparse's message, where argparse itself would print
-    the whole usage of `vllm serve` and exit with code 2."""
+    flag or value it refuses raises ValueError with argparse's message, where argparse itself
+    would print the whole usage of `vllm serve` and exit with code 2."""
     parser = make_arg_parser(FlexibleArgumentParser())
 
     def refuse(message: str) -> NoReturn:
