@@ -1,6 +1,6 @@
 """The Router's request path past the key check, shared by its HTTP routes and its
 DeploymentHandle methods (so a Ray app calling `chat_completions` gets the same admission and
-errors as an HTTP client): read the fields admission needs, admit the request at the door,
+errors as an HTTP client): read the fields admission needs, admit the request,
 rewrite what the platform decides (the tenant's max_tokens cap, its priority), forward the body
 to one of the model's replicas, and wait for the reply's head.
 
@@ -10,12 +10,14 @@ value while llmserve/router/router.py is still being imported.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.config.app_config import AppConfig, ModelConfig, TenantConfig
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
 from llmserve.protocol.openai_protocol import (
@@ -33,15 +35,40 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
 )
 from llmserve.request_router import route_notes
-from llmserve.router.admission_gate import Gate
+from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, session_of
 from llmserve.router.tenancy import estimate_prompt_tokens, model_not_found, request_terms
 
 
+@dataclass(frozen=True)
+class ClientRequest:
+    """A request as the client sent it, past authentication."""
+
+    path: str
+    body: dict[str, Any]
+    body_size: int  # bytes of JSON, for the prompt's token estimate
+    tenant: TenantConfig
+    request_id: str
+    headers: tuple[tuple[str, str], ...] = ()  # those a replica gets (content-type, trace)
+    session_id: str | None = None  # x-session-id; else the body's `user`
+
+
+@dataclass
+class Admitted:
+    """What admission decided for a request: its model, the handle to its replicas, the gate's
+    ticket, and the reply headers of the platform's (rate limits, clamping notes)."""
+
+    model: ModelConfig
+    handle: DeploymentHandle
+    ticket: Ticket
+    token_fields: tuple[str, ...]  # where the request asks for its most tokens
+    reply_headers: dict[str, str]
+
+
 class Dispatcher:
-    """One per Router replica: its models' handles, its door (the Gate) and its reply relay."""
+    """One per Router replica: its models' handles, its admission gate and its reply relay."""
 
     def __init__(
         self,
@@ -56,9 +83,6 @@ class Dispatcher:
         self._gate = gate
         self._relay = relay
         self._metrics = metrics
-        self._by_priority = {
-            m.name: m.engine.scheduling_policy == "priority" for m in config.models
-        }
 
     def trail(self, path: str, request_id: str) -> RequestTrail:
         kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion", RESPONSES_PATH: "response"}.get(
@@ -66,41 +90,42 @@ class Dispatcher:
         )
         return RequestTrail(self._metrics, request_id, tracing.current_trace_id(), kind)
 
-    async def open(
-        self,
-        path: str,
-        body: dict[str, Any],
-        body_size: int,
-        tenant: TenantConfig,
-        request_id: str,
-        headers: tuple[tuple[str, str], ...] = (),
-        session_id: str | None = None,
-        trail: RequestTrail | None = None,
-    ) -> OpenReply:
+    async def open(self, client: ClientRequest, trail: RequestTrail | None = None) -> OpenReply:
         """Admits, forwards and waits for the reply's head; raises OpenAIError."""
-        trail = trail or self.trail(path, request_id)
+        trail = trail or self.trail(client.path, client.request_id)
+        admitted = await self._admit(client, trail)
+        try:
+            request = self._replica_request(client, admitted)
+            return await self._forward(client, admitted, request, trail)
+        except BaseException:
+            self._gate.finish(admitted.ticket, 0)
+            raise
+
+    async def _admit(self, client: ClientRequest, trail: RequestTrail) -> Admitted:
+        """What admission reads from the body, then the gate's answer: a ticket, or a refusal
+        (OpenAIError: 400, 404, 429, 503) raised."""
+        tenant, body = client.tenant, client.body
         trail.priority = tenant.priority
         trail.ttft_objective_s = self._config.admission.ttft_objective_s_by_class.get(
             tenant.priority
         )
-        token_fields = max_tokens_fields(path)
+        token_fields = max_tokens_fields(client.path)
         fields = read_fields(body, self._config.http.max_n, token_fields)
-        if path == RESPONSES_PATH:
+        if client.path == RESPONSES_PATH:
             check_responses_body(body)
         handle = self._handles.get(fields.model)
-        model = self._config.model(fields.model)
         if handle is None:
             raise model_not_found(fields.model)  # the same words as "not yours"
-        generates = path in GENERATION_PATHS
+        model = self._config.model(fields.model)
         terms = request_terms(
             tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
         )
-        num_tokens = estimate_prompt_tokens(body_size)
-        if generates:
+        num_tokens = estimate_prompt_tokens(client.body_size)
+        if client.path in GENERATION_PATHS:
             num_tokens += terms.max_tokens * fields.n
         trail.model = fields.model
-        # A refusal (429, 503) is an answer, not a crash: no traceback on the span. Formatting
-        # one for every 429 of a flood took a tenth of the Router's event loop.
+        # A refusal (429, 503) is an answer, not a crash: no traceback on the span (formatting
+        # one for every 429 of a flood would take the Router's event loop).
         with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
             ticket = await self._gate.admit(tenant, fields.model, num_tokens, terms.timeout_s)
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
@@ -110,54 +135,72 @@ class Dispatcher:
             reply_headers["x-max-tokens-clamped"] = (
                 f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
             )
-        try:
-            priority = self._gate.priority(tenant) if self._by_priority[fields.model] else None
-            forwarded = (
-                rewrite_body(body)
-                if not generates
-                else rewrite_body(
-                    body,
-                    default_max_tokens=model.max_tokens_default,
-                    max_tokens_cap=tenant.max_tokens_cap,
-                    priority=priority,
-                    token_fields=token_fields,
-                )
+        return Admitted(model, handle, ticket, token_fields, reply_headers)
+
+    def _replica_request(self, client: ClientRequest, admitted: Admitted) -> ReplicaRequest:
+        """The body rewritten where the platform decides (the model's default max_tokens, the
+        tenant's cap and priority), with the headers a replica gets."""
+        model, tenant = admitted.model, client.tenant
+        if client.path in GENERATION_PATHS:
+            by_priority = model.engine.scheduling_policy == "priority"
+            forwarded = rewrite_body(
+                client.body,
+                default_max_tokens=model.max_tokens_default,
+                max_tokens_cap=tenant.max_tokens_cap,
+                priority=self._gate.priority(tenant) if by_priority else None,
+                token_fields=admitted.token_fields,
             )
-            with tracing.tracer.start_as_current_span("dispatch") as span:
-                trace_headers = tuple(tracing.current_trace_headers().items())
-                request = ReplicaRequest(
-                    request_id,
-                    path,
-                    forwarded,
-                    (
-                        *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
-                        *trace_headers,
-                        ("x-request-id", request_id),
-                        (TENANT_HEADER, tenant.name),
-                        *(
-                            ()
-                            if any(k == "content-type" for k, _ in headers)
-                            else (("content-type", "application/json"),)
-                        ),
-                    ),
-                )
-                dispatched_s = time.monotonic()
-                stream, head = await self._relay.dispatch(
-                    handle, request, ticket, session_id or session_of(body)
-                )
-                span.set_attribute("llmserve.replica", head.replica_id)
-                route = route_notes.take(request_id)
-                if route is not None:
-                    span.set_attributes(route.attributes())
-        except BaseException:
-            self._gate.finish(ticket, 0)
-            raise
+        else:
+            forwarded = rewrite_body(client.body)
+        headers = client.headers
+        return ReplicaRequest(
+            client.request_id,
+            client.path,
+            forwarded,
+            (
+                *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
+                ("x-request-id", client.request_id),
+                (TENANT_HEADER, tenant.name),
+                *(
+                    ()
+                    if any(k == "content-type" for k, _ in headers)
+                    else (("content-type", "application/json"),)
+                ),
+            ),
+        )
+
+    async def _forward(
+        self,
+        client: ClientRequest,
+        admitted: Admitted,
+        request: ReplicaRequest,
+        trail: RequestTrail,
+    ) -> OpenReply:
+        """Sends the request to one of the model's replicas (the request router picks it) and
+        waits for its reply's head."""
+        with tracing.tracer.start_as_current_span("dispatch") as span:
+            # The trace continues in the replica: this span's context, not the client's.
+            trace_headers = tuple(tracing.current_trace_headers().items())
+            request = dataclasses.replace(request, headers=(*request.headers, *trace_headers))
+            dispatched_s = time.monotonic()
+            stream, head = await self._relay.dispatch(
+                admitted.handle,
+                request,
+                admitted.ticket,
+                client.session_id or session_of(client.body),
+            )
+            span.set_attribute("llmserve.replica", head.replica_id)
+            route = route_notes.take(client.request_id)
+            if route is not None:
+                span.set_attributes(route.attributes())
         trail.first_s = time.monotonic()
         trail.replica = head.replica_id
+        reply_headers = admitted.reply_headers
         if self._config.http.debug_headers and head.replica_id:
             reply_headers["x-replica"] = head.replica_id
             if route is not None:
                 reply_headers["x-route"] = route.header()
         # Not the current span: the reply is consumed later, possibly in another task.
-        span = tracing.tracer.start_span("stream", attributes={"llmserve.model": fields.model})
-        return OpenReply(head, stream, ticket, reply_headers, trail, span, dispatched_s)
+        model = {"llmserve.model": admitted.model.name}
+        span = tracing.tracer.start_span("stream", attributes=model)
+        return OpenReply(head, stream, admitted.ticket, reply_headers, trail, span, dispatched_s)

@@ -30,7 +30,8 @@ from llmserve.policies.relay import (
 from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 from llmserve.router.admission_gate import Gate, Ticket
-from llmserve.router.request_path import DONE_FRAME, OpenReply, outcome_of, sse_error
+from llmserve.router.request_log import outcome_of
+from llmserve.router.request_path import DONE_FRAME, OpenReply, sse_error
 
 logger = logging.getLogger("ray.serve")
 UNAVAILABLE = "the model is unavailable; retry shortly"

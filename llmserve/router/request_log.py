@@ -7,12 +7,16 @@ exit path may call it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from llmserve.observability.metrics import RequestOutcome, RouterMetrics
+from llmserve.protocol.openai_protocol import OpenAIError
 
 # A child of Ray Serve's logger, so that the lines land in the replica's own log file.
 access_log = logging.getLogger("ray.serve.llmserve.access")
@@ -38,6 +42,16 @@ class RequestTrail:
     # First to last token, where the Router did not see them arrive (a reply sent whole).
     generation_s: float | None = None
     finished: bool = False
+
+    @contextlib.contextmanager
+    def finished_if_it_fails(self) -> Iterator[RequestTrail]:
+        """Any exception out of the block finishes the trail with its outcome (then goes on);
+        on success the block finishes the trail itself, or leaves it to the stream's end."""
+        try:
+            yield self
+        except BaseException as e:
+            self.finish(*outcome_of(e))
+            raise
 
     def finish(self, outcome: str, code: str = "") -> None:
         if self.finished:
@@ -88,3 +102,12 @@ class RequestTrail:
                 }
             )
         )
+
+
+def outcome_of(e: BaseException) -> tuple[str, str]:
+    """(outcome, code) of a request that ended with `e`, for metrics and the access log."""
+    if isinstance(e, OpenAIError):
+        return str(e.status), str(e.code or "")
+    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled", ""
+    return "500", ""

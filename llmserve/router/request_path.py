@@ -85,15 +85,6 @@ class SseChunks:
         return chunks
 
 
-def outcome_of(e: BaseException) -> tuple[str, str]:
-    """(outcome, code) of a request that ended with `e`, for metrics and the access log."""
-    if isinstance(e, OpenAIError):
-        return str(e.status), str(e.code or "")
-    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
-        return "cancelled", ""
-    return "500", ""
-
-
 def session_of(body: dict[str, Any]) -> str:
     """The session a request without `x-session-id` belongs to: OpenAI's `user` field."""
     user = body.get("user")

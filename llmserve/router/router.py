@@ -1,4 +1,4 @@
-"""Router: the ingress deployment. The OpenAI HTTP API at the door, dispatch by model name.
+"""Router: the ingress deployment. The OpenAI HTTP API: keys, admission, dispatch by model name.
 
 The Router does what is the platform's: API keys and tenants, rate limits, the per-model queue,
 deadlines, priority, metrics and traces. The request itself is vLLM's: the Router reads the few
@@ -37,14 +37,14 @@ from llmserve.request_router import replica_counts
 from llmserve.responses.response_store import StoredResponse
 from llmserve.router import openapi_docs, shield
 from llmserve.router.admission_gate import Gate, Ticket
-from llmserve.router.dispatch import Dispatcher
+from llmserve.router.dispatch import ClientRequest, Dispatcher
 from llmserve.router.http_app import http_app, read_body, with_early_refusal
 from llmserve.router.reply_relay import ReplyRelay
+from llmserve.router.request_log import outcome_of
 from llmserve.router.request_path import (
     SseChunks,
     body_size,
     health_counts,
-    outcome_of,
     unless_disconnected,
 )
 from llmserve.router.tenancy import TenantDirectory
@@ -309,38 +309,30 @@ class Router:
     async def _http(self, request: Request, path: str):
         request_id = request.scope.get("state", {}).get("request_id") or str(uuid.uuid4())
         trail = self._dispatch.trail(path, request_id)
-        try:
+        with trail.finished_if_it_fails():
             tenant: TenantConfig = request.state.tenant  # EarlyRefusal let it through
             trail.tenant = tenant.name
             raw = await read_body(request, self._config.http.max_request_body_bytes)
-            body = parse_json_body(raw)
             session = request.headers.get("x-session-id")
-            headers = tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k)))
-            reply = await self._dispatch.open(
+            client = ClientRequest(
                 path,
-                body,
+                parse_json_body(raw),
                 len(raw),
                 tenant,
                 request_id,
-                headers,
+                tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k))),
                 session[:128] if session else None,
-                trail,
             )
+            reply = await self._dispatch.open(client, trail)
             request.state.response_headers = {**reply.headers, "x-llmserve-tenant": tenant.name}
-        except BaseException as e:
-            trail.finish(*outcome_of(e))
-            raise
         head = reply.head
         if head.is_stream:
-            trail.stream = True
+            trail.stream = True  # the relay finishes the trail at the stream's end
             return StreamingResponse(
                 self._relay.sse(reply), status_code=head.status, media_type=head.content_type
             )
-        try:
+        with trail.finished_if_it_fails():
             content = await unless_disconnected(self._relay.collect(reply), request.receive)
-        except BaseException as e:
-            trail.finish(*outcome_of(e))
-            raise
         trail.finish("ok" if head.status < 400 else str(head.status))
         return Response(content, status_code=head.status, media_type=head.content_type)
 
@@ -369,42 +361,34 @@ class Router:
     async def _handle_call(self, path: str, body: dict[str, Any], api_key: str | None) -> dict:
         request_id = str(uuid.uuid4())
         trail = self._dispatch.trail(path, request_id)
-        try:
+        with trail.finished_if_it_fails():
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
             self._gate.precheck(tenant)
-            reply = await self._dispatch.open(
-                path, body, body_size(body), tenant, request_id, trail=trail
-            )
+            client = ClientRequest(path, body, body_size(body), tenant, request_id)
+            reply = await self._dispatch.open(client, trail)
             content = await self._relay.collect(reply)
             if reply.head.status >= 400:
                 raise OpenAIError.from_reply(reply.head.status, content)
-            trail.finish("ok")
-            return json.loads(content)
-        except BaseException as e:
-            trail.finish(*outcome_of(e))
-            raise
+        trail.finish("ok")
+        return json.loads(content)
 
     async def _handle_stream(self, path: str, body: dict[str, Any], api_key: str | None):
         request_id = str(uuid.uuid4())
         trail = self._dispatch.trail(path, request_id)
         trail.stream = True
-        try:
+        with trail.finished_if_it_fails():
             tenant = self._auth(api_key)
             trail.tenant = tenant.name
-            reply = await self._dispatch.open(
-                path, body, body_size(body), tenant, request_id, trail=trail
-            )
+            client = ClientRequest(path, body, body_size(body), tenant, request_id)
+            reply = await self._dispatch.open(client, trail)
             if not reply.head.is_stream:
                 raise OpenAIError.from_reply(reply.head.status, await self._relay.collect(reply))
             chunks = SseChunks()
             async for data in self._relay.parts(reply):
                 for chunk in chunks.feed(data):
                     yield chunk
-            trail.finish("ok")
-        except BaseException as e:
-            trail.finish(*outcome_of(e))
-            raise
+        trail.finish("ok")
 
     def queue_stats(self) -> dict[str, dict[str, int]]:
         """Per model: this Router replica's in-flight cap, in-flight count and queue depth."""
