@@ -6,7 +6,7 @@ is what sheds the load, then:
 1. measures capacity: requests/s completed by a closed loop of `max_ongoing_requests` clients;
 2. offers open-loop Poisson load at each multiple of that rate for `--duration-s` seconds;
 3. prints, per load level, goodput (requests/s whose TTFT met `--ttft-target-s`), p50/p99 TTFT of
-   admitted requests, and the share rejected (429/503) at the door.
+   admitted requests, and the share rejected (429/503) at admission.
 
     .venv/bin/python -m bench.admission_load            # real engine, ~3 minutes
     .venv/bin/python -m bench.admission_load --sim      # simulated engine, policy only

@@ -60,7 +60,7 @@ def app_args(models: list[dict], router_replicas: int = 1, **extra) -> dict:
         "http": {"debug_headers": True},  # x-replica: which replica served each request
         "router": {"num_replicas": router_replicas, "num_cpus": 0.25},
         "models": models,
-        # Generous queueing: the faults, not the door, should decide what fails. Open access
+        # Generous queueing: the faults, not admission, should decide what fails. Open access
         # (no key: the anonymous tenant), as the local demo: the faults are the subject here.
         "admission": {
             "max_queue_len": 256,

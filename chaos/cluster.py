@@ -126,7 +126,7 @@ class ChaosCluster:
         )
         ray.init(address=self.cluster.address, log_to_driver=False, logging_level=logging.WARNING)
         # One proxy, on the head: a second node's proxy would want the same port on this host,
-        # and the node-loss scenario must not take the door down with the node.
+        # and the node-loss scenario must not take the Routers down with the node.
         serve.start(
             proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": self.http_port}
         )

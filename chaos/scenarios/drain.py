@@ -90,7 +90,7 @@ def _change(cluster: ChaosCluster, new_app, target: int, before_s: float, settle
         ),
         **summary(results, t0),
         "replaced_replicas": len(stopped),
-        # The door: the Router is replaced new-before-old, so at least one always serves.
+        # The Routers: the Router is replaced new-before-old, so at least one always serves.
         "router_running_min": fewest_running("Router"),
         "model_running_min": fewest_running(LLM_SIM),
         "serve_run_returned_s": since(t_ready, t_change),

@@ -42,7 +42,7 @@ class RequestOutcome:
     def objective(self) -> str | None:
         """ "met" or "missed" for an admitted request of a class with a first-token promise
         (one that ended without a first token missed it, unless its client left first);
-        None where there is nothing to judge: no promise, refused at the door, or cancelled
+        None where there is nothing to judge: no promise, refused at admission, or cancelled
         by its client before its first token."""
         if self.ttft_objective_s is None:
             return None
@@ -106,7 +106,7 @@ class RouterMetrics:
         )
         self.rejections = Counter(
             "llmserve_rejections",
-            description="Requests refused at the door, by model and reason "
+            description="Requests refused at admission, by model and reason "
             "(rate_limit, concurrency, queue_full, queue_wait, queue_timeout, deadline).",
             tag_keys=("model", "reason"),
         )

@@ -141,7 +141,7 @@ MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 MAX_OUTPUT_TOKENS = "max_output_tokens"  # the Responses API's
 # Fields vLLM's server uses before it checks their type, answering a 500 where a 400 is due
 # (vLLM 0.32: `"structured_outputs": [1, 2]` -> "'list' object has no attribute 'get'"). The
-# door refuses them as a 400, the one place the platform answers otherwise than `vllm serve`
+# Router refuses them as a 400, the one place the platform answers otherwise than `vllm serve`
 # (docs/api.md); tests/integration/test_api_fuzzing.py finds any new one.
 OBJECT_FIELDS = ("structured_outputs",)
 

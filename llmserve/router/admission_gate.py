@@ -1,4 +1,4 @@
-"""The Router's door: per-tenant rate and concurrency limits, then a per-model priority queue.
+"""The Router's admission: per-tenant rate and concurrency limits, then a per-model priority queue.
 
 Acts on the pure policies (llmserve/policies/: rate_limit.py, admission.py) with asyncio futures
 and the clock; holds no policy of its own. One gate per Router replica; limits and queue capacity

@@ -54,7 +54,7 @@ class EarlyRefusal:
     key alone decides: no key or a wrong one (401), a tenant over its request rate (429).
 
     Pure ASGI, just inside RequestIdentityMiddleware (so a refusal still carries its request id,
-    trace and rate-limit headers). A flood of refusals is what the door must shed cheaply:
+    trace and rate-limit headers). A flood of refusals is what admission must shed cheaply:
     FastAPI's routing, dependency solving and exception handlers were about half of the Router's
     CPU per refusal. `refuse(scope)` returns the error, or None to let the request through.
     """

@@ -1,4 +1,4 @@
-"""Admission control on the real stack, under load: a flood shed at the door, the queue's
+"""Admission control on the real stack, under load: a flood shed at admission, the queue's
 metrics, interactive ahead of batch under saturation, deadlines. Keys and rate limits:
 test_admission.py."""
 

@@ -353,7 +353,7 @@ def test_a_flooding_tenant_does_not_slow_another(base_url, http):
         + ", ".join(f"{k} {v / flooded * 1000:.1f} ms" for k, v in cpu_used.items())
     )
     assert flooded > 10 * allowed, "the flood was too small to mean anything"
-    # Refused at the door, the flood costs the other tenant no admission (never refused, never
+    # Refused at admission, the flood costs the other tenant no admission (never refused, never
     # queued) and only the HTTP work the serving path does on cores it shares.
     assert flood_med < VICTIM_SLOWDOWN_MAX * base_med, (flood_med, base_med)
     assert set(statuses) <= {"200", "429"}, statuses

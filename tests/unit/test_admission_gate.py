@@ -1,4 +1,5 @@
-"""The Router's door (llmserve/router/admission_gate.py): rate limits and concurrency caps.
+"""The Router's admission gate (llmserve/router/admission_gate.py): rate limits and concurrency
+caps.
 
 No Ray, no vLLM: a Gate over a small AppConfig, with a fake clock that tests move by hand
 (tests/unit/gate_helpers.py). The queue: test_gate_queue.py; replica counts, spans and

@@ -1,5 +1,6 @@
-"""The Router's door (llmserve/router/admission_gate.py): its queue. Priorities, the reserved share,
-a full queue, expiry (each class at its own bound), cancellation, and the ticket's clock.
+"""The Router's admission gate (llmserve/router/admission_gate.py): its queue. Priorities, the
+reserved share, a full queue, expiry (each class at its own bound), cancellation, and the
+ticket's clock.
 
 No Ray, no vLLM: a Gate with a fake clock (tests/unit/gate_helpers.py). Rate limits and
 concurrency caps: test_admission_gate.py.

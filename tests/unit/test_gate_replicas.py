@@ -1,6 +1,6 @@
-"""The Router's door (llmserve/router/admission_gate.py) as replicas come and go: capacity from live
-replicas and Router replicas, its spans, and readiness. Rate limits and the queue:
-test_admission_gate.py.
+"""The Router's admission gate (llmserve/router/admission_gate.py) as replicas come and go:
+capacity from live replicas and Router replicas, its spans, and readiness. Rate limits and the
+queue: test_admission_gate.py.
 """
 
 from __future__ import annotations

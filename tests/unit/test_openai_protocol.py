@@ -260,7 +260,7 @@ def test_error_default_type_survives_pickle():
         ({"max_output_tokens": 99}, 256, 16, {"max_output_tokens": 16}),  # the tenant's cap
         ({"max_output_tokens": 8}, 256, 16, {"max_output_tokens": 8}),
         ({}, 256, None, {"max_output_tokens": 256}),  # the model's default, in its own field
-        # chat's fields are not the Responses API's: vLLM ignores them, so does the door
+        # chat's fields are not the Responses API's: vLLM ignores them, so does admission
         ({"max_tokens": 99}, None, 16, {"max_tokens": 99, "max_output_tokens": 16}),
     ],
 )

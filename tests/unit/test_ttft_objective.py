@@ -24,7 +24,7 @@ def outcome(**kw) -> RequestOutcome:
         (dict(ttft_s=1.5, queue_wait_s=0.9, ttft_objective_s=1.0), "missed"),
         # Admitted, then a 504 before any token: the promise was not kept.
         (dict(outcome="504", queue_wait_s=0.1, ttft_objective_s=1.0), "missed"),
-        # Refused at the door (no queue wait): an answer at once, counted as a rejection.
+        # Refused at admission (no queue wait): an answer at once, counted as a rejection.
         (dict(outcome="503", ttft_objective_s=1.0), None),
         # Its client left before the first token: nothing to judge.
         (dict(outcome="cancelled", queue_wait_s=0.1, ttft_objective_s=1.0), None),
