@@ -33,9 +33,10 @@ def deployment_name(model: ModelConfig) -> str:
     return "llm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", model.name)
 
 
+ROUTER_DEPLOYMENT = "Router"
 ROUTER_GRACE_MARGIN_S = 5.0  # past the longest deadline: time to answer it
 
-ROUTERS = {
+REQUEST_ROUTERS = {  # routing.policy -> the request router class Serve loads
     "llm_aware": "llmserve.request_router.request_router:LLMAwareRequestRouter",
     "round_robin": "llmserve.request_router.request_router:RoundRobinRequestRouter",
     "ray_prefix_affinity": "llmserve.request_router.ray_prefix_router:RayPrefixAffinityRouter",
@@ -62,7 +63,7 @@ def request_router_config(
                 "chat_template": model.server.chat_template,
             }
     return RequestRouterConfig(
-        request_router_class=ROUTERS[r.policy],
+        request_router_class=REQUEST_ROUTERS[r.policy],
         request_router_kwargs=kwargs,
         request_routing_stats_period_s=r.stats_period_s,
         request_routing_stats_timeout_s=max(1.0, 2 * r.stats_period_s),
@@ -186,6 +187,8 @@ def build_app(args: dict[str, Any]) -> Application:
             tracing=config.tracing,
             num_router_replicas=config.router.num_replicas,
             response_store=store,
+            # By name: the Router is bound after the models, whose handles it takes.
+            router_deployment=ROUTER_DEPLOYMENT,
         )
     r = config.router
     # Ray Serve's default (20 s) would cut requests that may run for minutes on every change.
@@ -193,6 +196,7 @@ def build_app(args: dict[str, Any]) -> Application:
         t.max_timeout_s for t in config.effective_tenants()
     )
     return Router.options(
+        name=ROUTER_DEPLOYMENT,
         num_replicas=r.num_replicas,
         max_ongoing_requests=r.max_ongoing_requests,
         graceful_shutdown_timeout_s=grace_s,

@@ -66,8 +66,10 @@ class LLMServer:
         tracing: TracingConfig | None = None,
         num_router_replicas: int = 1,
         response_store: DeploymentHandle | None = None,
+        router_deployment: str = "Router",
     ) -> None:
         self._num_router_replicas = num_router_replicas
+        self._router_deployment = router_deployment  # whose queue autoscaling reads
         tracing = tracing or TracingConfig()
         tracing_.configure_tracing(**tracing.model_dump())
         if model.deployment.cpu_nice:
@@ -138,16 +140,14 @@ class LLMServer:
             request = turn.request
         self._num_requests_total += 1
         self._last_output_s = time.monotonic()  # progress is measured from a request's start
-        # Module attribute, not a global: Serve pickles this class by value, and a Tracer is not
-        # picklable.
+        # Module attributes, not imported names (a Tracer, a ContextVar): Serve pickles this
+        # class by value, and neither is picklable.
         span = tracing_.tracer.start_span(
             "llmserver.generate",
             context=tracing_.context_from(dict(request.headers)),
             attributes={"llmserve.replica": self._replica_id, "llmserve.model": self._model.name},
         )
         usage = Usage()
-        # A module attribute, not an imported name: Serve pickles this class by value, and a
-        # ContextVar is not picklable.
         token = engine_seam.request_usage.set(usage)
         try:
             call = AsgiCall(self._engine.app, request)  # its task copies the context: usage
@@ -292,7 +292,7 @@ class LLMServer:
         # (Serve's proxy spreads requests evenly over them): an estimate, refreshed every second.
         try:
             ctx = serve.get_replica_context()
-            router = serve.get_deployment_handle("Router", app_name=ctx.app_name)
+            router = serve.get_deployment_handle(self._router_deployment, app_name=ctx.app_name)
             stats = await asyncio.wait_for(router.queue_stats.remote(), timeout=1.0)
         except Exception:  # Router restarting or busy: report no queue rather than fail
             return 0.0

@@ -5,8 +5,6 @@ chose, so none can overwrite another's), stages the stored response a follow-up 
 engine's memory (where vLLM's server reads `previous_response_id`), and once the engine has
 answered, moves what it stored to the app's ResponseStore, under the request's tenant, before
 the client has the turn's last bytes: the next turn may land on any replica.
-
-Kept out of llm_server.py: Serve pickles the replica's class by value.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The Router's request path past the key check, shared by its HTTP routes and its
 DeploymentHandle methods (so a Ray app calling `chat_completions` gets the same admission and
-errors as an HTTP client): read the fields admission needs, admit the request,
-rewrite what the platform decides (the tenant's max_tokens cap, its priority), forward the body
-to one of the model's replicas, and wait for the reply's head.
-
-In its own module (imported, so pickled by reference): @serve.ingress pickles the Router's app by
-value while llmserve/router/router.py is still being imported.
+errors as an HTTP client): read the fields admission needs, admit the request, rewrite what
+the platform decides (the tenant's max_tokens cap, its priority), forward the body to one of the
+model's replicas, and wait for the reply's head.
 """
 
 from __future__ import annotations

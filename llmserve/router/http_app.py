@@ -1,9 +1,6 @@
 """The Router's FastAPI app shell: request identity and tracing, OpenAI-shaped errors for every
 failure, the early refusal of what the API key alone decides, and the request body read under a
 size limit.
-
-In its own module (imported, so pickled by reference): @serve.ingress pickles the Router's app by
-value while llmserve/router/router.py is still being imported.
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@ Bytes in, bytes out, per item (several tokens each): nothing is parsed per token
 reply gives its admission slot back and charges the tenant's token bucket with the usage the
 replica counted, once, however the reply ended; a deadline that passed ends it with a 504. The
 rules (retry before the first output, what a reply costs) are llmserve/policies/relay.py.
-
-In a module of its own (imported, so pickled by reference): @serve.ingress pickles the Router's
-app by value while llmserve/router/router.py is still being imported.
 """
 
 from __future__ import annotations
@@ -22,8 +19,10 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from llmserve.policies.relay import (
     MAX_ATTEMPTS,
     Attempt,
+    Deadline,
     Next,
     after_attempt,
+    deadline_action,
     past_deadline,
     tokens_charged,
 )
@@ -41,13 +40,27 @@ ENGINE_FAILED = OpenAIError(
 
 
 class ReplyRelay:
-    def __init__(
-        self, gate: Gate, dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]]
-    ) -> None:
+    def __init__(self, gate: Gate) -> None:
         self.gate = gate  # its clock is the one tickets' deadlines are on
-        # Dispatched and not yet finished, by entry id: the Router's housekeeping enforces
-        # their deadlines.
-        self.dispatched = dispatched
+        # Dispatched and not yet finished, by entry id: whose deadlines `enforce_deadlines`
+        # keeps (one timer for all instead of a timeout around every item).
+        self.dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
+
+    def enforce_deadlines(self) -> None:
+        """Cancels what ran past its deadline (the engine aborts it, its reader answers 504),
+        forgets what finished, and gives back the slot of what nobody reads any more."""
+        now = self.gate.clock()
+        for entry_id, (ticket, stream) in list(self.dispatched.items()):
+            action = deadline_action(now, ticket.deadline_s, ticket.finished, ticket.expired)
+            if action is Deadline.FORGET:
+                del self.dispatched[entry_id]
+            elif action is Deadline.EXPIRE:
+                ticket.expired = True
+                stream.cancel()
+            elif action is Deadline.RECLAIM:
+                logger.warning("reclaiming abandoned request %s", entry_id)
+                self.gate.finish(ticket, ticket.num_reserved_tokens)
+                del self.dispatched[entry_id]
 
     async def dispatch(
         self, handle: DeploymentHandle, request: ReplicaRequest, ticket: Ticket, session: str

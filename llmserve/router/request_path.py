@@ -1,9 +1,6 @@
 """Small pieces of the Router's request path that need no Router state: the reply in flight, the
 SSE frames the platform writes itself (a failure after the stream started), reading SSE back into
-chunk dicts for DeploymentHandle callers, and a request's outcome.
-
-Kept in their own module (importable, so pickled by reference) because @serve.ingress pickles the
-Router's FastAPI app by value while llmserve/router/router.py is still being imported.
+chunk dicts for DeploymentHandle callers.
 """
 
 from __future__ import annotations

@@ -24,19 +24,18 @@ import ray
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 
 from llmserve.config.app_config import AppConfig, TenantConfig
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
-from llmserve.policies.relay import Deadline, deadline_action
 from llmserve.protocol.openai_protocol import OpenAIError, parse_json_body
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmserve.protocol.replica_call import FORWARDED_PATHS as REPLICA_PATHS
 from llmserve.request_router import replica_counts
 from llmserve.responses.response_store import StoredResponse
 from llmserve.router import openapi_docs, shield
-from llmserve.router.admission_gate import Gate, Ticket
+from llmserve.router.admission_gate import Gate
 from llmserve.router.dispatch import ClientRequest, Dispatcher
 from llmserve.router.http_app import http_app, read_body, with_early_refusal
 from llmserve.router.reply_relay import ReplyRelay
@@ -61,9 +60,8 @@ FORWARDED_PATHS = frozenset(REPLICA_PATHS)
 app = http_app()
 
 
-# Helpers used by Router methods live above the class or in llmserve/router/request_path.py:
-# @serve.ingress pickles the FastAPI app, and with it the route methods, by value while this
-# module is still being imported.
+# Helpers of the routes live in other modules: @serve.ingress pickles this class by value
+# (llmserve/router/__init__.py).
 @serve.deployment
 @serve.ingress(app)
 class Router:
@@ -94,10 +92,7 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
-        # Dispatched and not yet finished, by entry id: the housekeeping loop enforces their
-        # deadlines (one timer for all instead of a timeout around every item).
-        self._dispatched: dict[str, tuple[Ticket, DeploymentResponseGenerator]] = {}
-        self._relay = ReplyRelay(self._gate, self._dispatched)
+        self._relay = ReplyRelay(self._gate)
         self._metrics = RouterMetrics()
         self._dispatch = Dispatcher(
             self._config, llm_handles, self._gate, self._relay, self._metrics
@@ -146,7 +141,7 @@ class Router:
             await asyncio.sleep(TICK_S)
             try:
                 self._gate.tick()
-                self._enforce_deadlines()
+                self._relay.enforce_deadlines()
                 now = self._gate.clock()
                 if now - last_refresh > REPLICA_REFRESH_S:
                     last_refresh = now
@@ -155,20 +150,6 @@ class Router:
                     self._metrics.export(self._gate.snapshot(), self._gate.num_rejected)
             except Exception:  # a bug of ours must not end deadline enforcement
                 logger.exception("housekeeping tick failed")
-
-    def _enforce_deadlines(self) -> None:
-        now = self._gate.clock()
-        for entry_id, (ticket, stream) in list(self._dispatched.items()):
-            action = deadline_action(now, ticket.deadline_s, ticket.finished, ticket.expired)
-            if action is Deadline.FORGET:
-                del self._dispatched[entry_id]
-            elif action is Deadline.EXPIRE:
-                ticket.expired = True
-                stream.cancel()  # aborts the engine request; the reader then gets a 504
-            elif action is Deadline.RECLAIM:
-                logger.warning("reclaiming abandoned request %s", entry_id)
-                self._gate.finish(ticket, ticket.num_reserved_tokens)
-                del self._dispatched[entry_id]
 
     async def _refresh_replicas(self) -> None:
         app_name = serve.get_replica_context().app_name

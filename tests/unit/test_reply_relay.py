@@ -49,7 +49,7 @@ def ticket(deadline_s: float) -> Ticket:
 
 def dispatch(head: ReplyHead, deadline_s: float, now_s: float = 100.0):
     stream = FakeStream([head, ReplyEnd(b"data: [DONE]\n\n")])
-    relay = ReplyRelay(SimpleNamespace(num_rejected=Counter(), clock=lambda: now_s), {})
+    relay = ReplyRelay(SimpleNamespace(num_rejected=Counter(), clock=lambda: now_s))
     request = ReplicaRequest("r1", "/v1/completions", b"{}")
 
     async def go():
