@@ -30,7 +30,7 @@ def exposition(
     queue: float = 2,
     in_flight: float = 5,
     replicas: int = 2,
-    promise: tuple[float, float] = (9, 1),
+    promise: tuple[float, float] | None = (9, 1),
 ) -> str:
     """Ray-like text: two Router label sets (tenants), two Serve replicas, one 'unknown' model."""
     bounds = ["0.1", "0.25", "0.5", "1.0", "+Inf"]
@@ -65,7 +65,7 @@ def exposition(
             f'ray_llmserve_ttft_objective_total{{{R},model="{M}",priority="{p}",'
             f'result="{result}",tenant="a"}} {n / 2}'
             for p in ("interactive", "standard")
-            for result, n in zip(("met", "missed"), promise)
+            for result, n in zip(("met", "missed"), promise or ())
         ),
         "# HELP ray_llmserve_queue_depth Requests waiting.",
         "# TYPE ray_llmserve_queue_depth gauge",
@@ -230,6 +230,16 @@ def test_render_table():
     assert "no models" in render([], "H")
     all_time = render(model_rows(None, a), "H")
     assert "ms*" in all_time and "* all requests so far" in all_time
+
+
+def test_a_model_whose_classes_promise_nothing_shows_no_promise():
+    a = snap(10.0, exposition([1, 2, 3, 4, 0], tokens=110, promise=None))
+    b = snap(12.0, exposition([1, 6, 3, 4, 0], tokens=180, promise=None))
+    for rows in (model_rows(a, b), model_rows(None, b)):  # the interval's, and all-time
+        row = {r.model: r for r in rows}[M]
+        assert row.ttft_p50_s is not None and row.promise_kept is None
+    row = next(line for line in render(model_rows(a, b), "H").splitlines() if line.startswith(M))
+    assert row.split()[8] == "-"
 
 
 def test_with_router_models_fills_models_without_metrics():
