@@ -339,6 +339,17 @@ class Router:
         async for chunk in self._handle_stream(COMPLETIONS_PATH, {**body, "stream": True}, api_key):
             yield chunk
 
+    async def responses(self, body: dict[str, Any], api_key: str | None = None) -> dict:
+        """A Responses API response (stored for a follow-up by id, as over HTTP)."""
+        return await self._handle_call(RESPONSES_PATH, {**body, "stream": False}, api_key)
+
+    async def stream_responses(
+        self, body: dict[str, Any], api_key: str | None = None
+    ) -> AsyncIterator[dict]:
+        """The Responses API's typed events as dicts (`type`: response.created, ...)."""
+        async for event in self._handle_stream(RESPONSES_PATH, {**body, "stream": True}, api_key):
+            yield event
+
     async def _handle_call(self, path: str, body: dict[str, Any], api_key: str | None) -> dict:
         request_id = str(uuid.uuid4())
         trail = self._dispatch.trail(path, request_id)

@@ -33,6 +33,21 @@ def test_router_handle_chat_and_stream(serve_app):
     assert chunks[-1]["usage"]["completion_tokens"] == resp["usage"]["completion_tokens"]
 
 
+def test_router_handle_responses_and_their_events(serve_app):
+    router = serve.get_app_handle("llmserve")
+    body = {"model": DEFAULT, "input": "What is the capital of France?", "temperature": 0}
+    first = router.responses.remote({**body, "max_output_tokens": 12}).result(timeout_s=300)
+    events = list(
+        router.options(stream=True).stream_responses.remote(
+            {**body, "max_output_tokens": 12, "previous_response_id": first["id"]}
+        )
+    )
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    done = events[-1]["response"]
+    assert done["previous_response_id"] == first["id"]
+    assert done["usage"]["input_tokens"] > first["usage"]["input_tokens"]  # the first turn in it
+
+
 def test_router_handle_raises_openai_errors(serve_app):
     router = serve.get_app_handle("llmserve")
     with pytest.raises(OpenAIError) as info:
