@@ -213,6 +213,18 @@ def check_responses_body(body: dict[str, Any]) -> None:
         )
 
 
+def response_not_found(response_id: str) -> OpenAIError:
+    """vLLM's own 404 for a Responses API id it does not hold, word for word: also what another
+    tenant's id gets."""
+    return OpenAIError(
+        404,
+        f"Response with id '{response_id}' not found.",
+        param="response_id",
+        code=404,
+        type="invalid_request_error",
+    )
+
+
 def _timeout(value: Any) -> float | None:
     """The request's own deadline (the platform's `timeout` extension), in seconds."""
     if value is None:

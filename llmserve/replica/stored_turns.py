@@ -17,6 +17,7 @@ from typing import Protocol
 
 from ray.serve.handle import DeploymentHandle
 
+from llmserve.protocol.openai_protocol import response_not_found
 from llmserve.protocol.replica_call import TENANT_HEADER, ReplicaRequest, ReplyHead
 from llmserve.replica.engine.asgi_call import JSON_HEADERS
 from llmserve.responses.response_store import StoredResponse
@@ -30,17 +31,9 @@ class StoringEngine(Protocol):
     def stage_stored_response(self, response_id: str, state: bytes | None) -> None: ...
 
 
-def not_found(response_id: str, replica_id: str = "") -> ReplyHead:
-    """vLLM's own 404 for an unknown response id, word for word."""
-    body = {
-        "error": {
-            "message": f"Response with id '{response_id}' not found.",
-            "type": "invalid_request_error",
-            "param": "response_id",
-            "code": 404,
-        }
-    }
-    return ReplyHead(404, JSON_HEADERS, json.dumps(body).encode(), replica_id)
+def not_found(response_id: str) -> ReplyHead:
+    error = response_not_found(response_id)
+    return ReplyHead(error.status, JSON_HEADERS, json.dumps(error.body()).encode())
 
 
 class StoredTurns:

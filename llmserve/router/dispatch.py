@@ -7,7 +7,6 @@ model's replicas, and wait for the reply's head.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +91,7 @@ class Dispatcher:
         trail = trail or self.trail(client.path, client.request_id)
         admitted = await self._admit(client, trail)
         try:
-            request = self._replica_request(client, admitted)
-            return await self._forward(client, admitted, request, trail)
+            return await self._forward(client, admitted, trail)
         except BaseException:
             self._gate.finish(admitted.ticket, 0)
             raise
@@ -134,9 +132,12 @@ class Dispatcher:
             )
         return Admitted(model, handle, ticket, token_fields, reply_headers)
 
-    def _replica_request(self, client: ClientRequest, admitted: Admitted) -> ReplicaRequest:
+    def _replica_request(
+        self, client: ClientRequest, admitted: Admitted, trace_headers: tuple[tuple[str, str], ...]
+    ) -> ReplicaRequest:
         """The body rewritten where the platform decides (the model's default max_tokens, the
-        tenant's cap and priority), with the headers a replica gets."""
+        tenant's cap and priority), with the headers a replica gets (the trace's: this span's
+        context, not the client's)."""
         model, tenant = admitted.model, client.tenant
         if client.path in GENERATION_PATHS:
             by_priority = model.engine.scheduling_policy == "priority"
@@ -156,6 +157,7 @@ class Dispatcher:
             forwarded,
             (
                 *[(k, v) for k, v in headers if k not in ("traceparent", "tracestate")],
+                *trace_headers,
                 ("x-request-id", client.request_id),
                 (TENANT_HEADER, tenant.name),
                 *(
@@ -167,18 +169,13 @@ class Dispatcher:
         )
 
     async def _forward(
-        self,
-        client: ClientRequest,
-        admitted: Admitted,
-        request: ReplicaRequest,
-        trail: RequestTrail,
+        self, client: ClientRequest, admitted: Admitted, trail: RequestTrail
     ) -> OpenReply:
         """Sends the request to one of the model's replicas (the request router picks it) and
         waits for its reply's head."""
         with tracing.tracer.start_as_current_span("dispatch") as span:
-            # The trace continues in the replica: this span's context, not the client's.
             trace_headers = tuple(tracing.current_trace_headers().items())
-            request = dataclasses.replace(request, headers=(*request.headers, *trace_headers))
+            request = self._replica_request(client, admitted, trace_headers)
             dispatched_s = time.monotonic()
             stream, head = await self._relay.dispatch(
                 admitted.handle,

@@ -29,7 +29,11 @@ from ray.serve.handle import DeploymentHandle
 from llmserve.config.app_config import AppConfig, TenantConfig
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
-from llmserve.protocol.openai_protocol import OpenAIError, parse_json_body
+from llmserve.protocol.openai_protocol import (
+    OpenAIError,
+    parse_json_body,
+    response_not_found,
+)
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmserve.protocol.replica_call import FORWARDED_PATHS as REPLICA_PATHS
 from llmserve.request_router import replica_counts
@@ -266,13 +270,7 @@ class Router:
         if self._response_store is not None:
             entry = await self._response_store.get.remote(response_id, tenant.name)
         if entry is None:  # unknown, forgotten, or another tenant's: the same words
-            raise OpenAIError(
-                404,
-                f"Response with id '{response_id}' not found.",
-                param="response_id",
-                code=404,
-                type="invalid_request_error",
-            )
+            raise response_not_found(response_id)
         return entry
 
     @app.post("/tokenize", openapi_extra=openapi_docs.route_extra("/tokenize"))
