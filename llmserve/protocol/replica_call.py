@@ -7,6 +7,11 @@ comes back as `ReplyHead` (status, headers, the first bytes), then `bytes` (read
 several tokens per item), then one `ReplyEnd` (the last bytes and what the request used). No
 item is a per-token object: the Router relays bytes.
 
+A stream the Router may resume elsewhere (`track_tokens`) comes as `ReplyPart`s instead of bytes:
+each with the token ids whose text it carries, and the head with the prompt's (`StreamStart`).
+Should its replica or engine die, the Router sends the same request again with `resume` (the
+ids so far): the new replica continues the answer from there, in the same stream's frames.
+
 Plain data: no Ray, no vLLM, picklable.
 """
 
@@ -43,6 +48,26 @@ class ReplicaRequest:
     headers: tuple[tuple[str, str], ...] = ()  # content-type, x-request-id, traceparent, ...
     # On a retry: the replica that refused the first attempt, which the request router skips.
     avoid_replica_id: str | None = None
+    # Send the token ids with the reply (ReplyPart): the Router may resume this stream.
+    track_tokens: bool = False
+    resume: Resume | None = None  # continue this answer from where a dead replica left it
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """What a resumed stream must say as its first replica said it."""
+
+    chunk_id: str  # the chunks' "id"
+    created: int
+    prompt_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A stream to continue: its start, and the answer's token ids its client already has."""
+
+    start: StreamStart
+    token_ids: tuple[int, ...]
 
 
 @dataclass
@@ -69,6 +94,9 @@ class ReplyHead:
     # Set by a replica that refuses before doing any work ("replica_unhealthy"): the Router
     # retries such a refusal on another replica.
     code: str | None = None
+    # A tracked stream's (ReplicaRequest.track_tokens): its start, and the ids `body` carries.
+    stream_start: StreamStart | None = None
+    token_ids: tuple[int, ...] = ()
 
     @property
     def content_type(self) -> str:
@@ -84,8 +112,18 @@ class ReplyEnd:
     body: bytes
     usage: Usage = field(default_factory=Usage)
     # The replica's app or engine failed after the head was sent; `body` then already ends the
-    # stream the way the engine's own server does.
+    # stream the way the engine's own server does (a tracked stream's: only the frames before
+    # the failure, for the Router to resume it).
     failed: bool = False
+    token_ids: tuple[int, ...] = ()  # a tracked stream's: the ids whose text `body` carries
+
+
+@dataclass(frozen=True)
+class ReplyPart:
+    """Bytes of a tracked stream, and the token ids whose text they carry."""
+
+    body: bytes
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)

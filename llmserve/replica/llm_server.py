@@ -44,6 +44,7 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
+    ReplyPart,
     RoutingStats,
     Usage,
 )
@@ -51,6 +52,7 @@ from llmserve.replica import engine as engine_seam
 from llmserve.replica.engine import Engine
 from llmserve.replica.engine.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from llmserve.replica.gpu import read_gpus
+from llmserve.replica.resumable import TrackedReply
 from llmserve.replica.stored_turns import StoredTurns
 
 logger = logging.getLogger("ray.serve")
@@ -107,7 +109,7 @@ class LLMServer:
 
     async def generate(
         self, request: ReplicaRequest
-    ) -> AsyncIterator[ReplyHead | bytes | ReplyEnd]:
+    ) -> AsyncIterator[ReplyHead | bytes | ReplyPart | ReplyEnd]:
         if self._unhealthy_reason is not None:
             # Say so before any work, so that the Router retries on another replica.
             yield refusal(self._replica_id, self._unhealthy_reason)
@@ -147,10 +149,14 @@ class LLMServer:
             context=tracing_.context_from(dict(request.headers)),
             attributes={"llmserve.replica": self._replica_id, "llmserve.model": self._model.name},
         )
+        tracked = TrackedReply(request) if request.track_tokens else None
+        if request.resume is not None:
+            span.set_attribute("llmserve.resumed_after_tokens", len(request.resume.token_ids))
         usage = Usage()
         token = engine_seam.request_usage.set(usage)
         try:
-            call = AsgiCall(self._engine.app, request)  # its task copies the context: usage
+            # Its task copies the context: usage.
+            call = AsgiCall(self._engine.app, tracked.engine_request if tracked else request)
         finally:
             engine_seam.request_usage.reset(token)
         try:
@@ -160,6 +166,8 @@ class LLMServer:
                 self._last_output_s = time.monotonic()
                 if isinstance(part, ReplyHead):
                     span.add_event("first_token")
+                if tracked is not None:
+                    part = tracked.item(part)
                 if turn is not None and call.complete:
                     await turn.keep()  # before the client has the turn's end: read-your-writes
                 yield part

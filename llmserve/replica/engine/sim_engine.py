@@ -31,6 +31,11 @@ class _Seq:
     num_generated: int = 0
 
 
+# Token ids: the answer's n-th token (" tok{n}") is n, every prompt token 0. A prompt of ids
+# that ends in answer tokens (a resumed stream's continuation) goes on after the last of them.
+PROMPT_TOKEN = 0
+
+
 class _BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -115,7 +120,8 @@ class SimEngine:
                         "headers": [(b"content-type", b"text/event-stream")],
                     }
                 )
-            n = 0
+            n = req["first"]
+            ids = req["return_token_ids"]
             while True:
                 done = await seq.queue.get()
                 n += 1
@@ -129,7 +135,7 @@ class SimEngine:
                         {
                             "type": "http.response.body",
                             "more_body": True,
-                            "body": _frame(rid, chat, n, done),
+                            "body": _frame(rid, chat, n, done, ids, req["prompt_ids"]),
                         }
                     )
                 if done:
@@ -137,10 +143,10 @@ class SimEngine:
             if req["stream"]:
                 tail = b""
                 if req["include_usage"]:
-                    tail = _usage_frame(rid, chat, req["num_prompt"], n)
+                    tail = _usage_frame(rid, chat, req["num_prompt"], n - req["first"])
                 await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
             else:
-                await _respond(send, 200, _whole(rid, chat, req["num_prompt"], n))
+                await _respond(send, 200, _whole(rid, chat, req["num_prompt"], req["first"], n))
         finally:
             self._finish(rid)  # abort: frees the slot for the next step
 
@@ -161,6 +167,8 @@ class SimEngine:
             if not isinstance(text, (str, list)) or not text:
                 raise _BadRequest("prompt must be a non-empty string", "prompt")
         num_prompt = max(1, len(text) // 4) if isinstance(text, str) else len(text)
+        prompt_ids = [PROMPT_TOKEN] * num_prompt if isinstance(text, str) else list(text)
+        first = max((t for t in prompt_ids if isinstance(t, int)), default=0)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is None:
             max_tokens = self._model.max_tokens_default
@@ -185,6 +193,9 @@ class SimEngine:
             "stream": stream,
             "include_usage": isinstance(options, dict) and options.get("include_usage") is True,
             "priority": priority if isinstance(priority, int) else 0,
+            "return_token_ids": body.get("return_token_ids") is True,
+            "prompt_ids": prompt_ids,
+            "first": first,
         }
 
     # -------------------------------------------------------------------------------- the seam
@@ -224,16 +235,23 @@ async def _respond(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _frame(rid: str, chat: bool, n: int, done: bool) -> bytes:
+def _frame(
+    rid: str, chat: bool, n: int, done: bool, with_ids: bool, prompt_ids: list[int]
+) -> bytes:
+    """A chunk as vLLM writes it; with `with_ids` (return_token_ids), the ids of its text and,
+    in the first, the prompt's."""
     finish = b'"length"' if done else b"null"
-    if chat:
-        return (
-            b'data: {"id":"%s","object":"chat.completion.chunk","choices":[{"index":0,'
-            b'"delta":{"content":" tok%d"},"finish_reason":%s}]}\n\n' % (rid.encode(), n, finish)
-        )
+    ids = b"[%d]" % n if with_ids else b"null"
+    prompt = b"null"
+    if with_ids and n == 1 + max(prompt_ids, default=0):  # the first chunk
+        prompt = json.dumps(prompt_ids, separators=(",", ":")).encode()
+    kind, text = (b"chat.completion.chunk", b'"delta":{"content":" tok%d"}' % n)
+    if not chat:
+        kind, text = b"text_completion", b'"text":" tok%d"' % n
     return (
-        b'data: {"id":"%s","object":"text_completion","choices":[{"index":0,'
-        b'"text":" tok%d","finish_reason":%s}]}\n\n' % (rid.encode(), n, finish)
+        b'data: {"id":"%s","object":"%s","created":0,"prompt_token_ids":%s,"choices":[{"index":0,'
+        b'%s,"finish_reason":%s,"token_ids":%s}]}\n\n'
+        % (rid.encode(), kind, prompt, text, finish, ids)
     )
 
 
@@ -247,8 +265,8 @@ def _usage_frame(rid: str, chat: bool, num_prompt: int, n: int) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-def _whole(rid: str, chat: bool, num_prompt: int, n: int) -> bytes:
-    text = "".join(f" tok{i}" for i in range(1, n + 1))
+def _whole(rid: str, chat: bool, num_prompt: int, first: int, n: int) -> bytes:
+    text = "".join(f" tok{i}" for i in range(first + 1, n + 1))
     if chat:
         choice = {
             "index": 0,
@@ -259,5 +277,5 @@ def _whole(rid: str, chat: bool, num_prompt: int, n: int) -> bytes:
         choice = {"index": 0, "text": text, "finish_reason": "length"}
     obj = "chat.completion" if chat else "text_completion"
     return json.dumps(
-        {"id": rid, "object": obj, "choices": [choice], "usage": _usage(num_prompt, n)}
+        {"id": rid, "object": obj, "choices": [choice], "usage": _usage(num_prompt, n - first)}
     ).encode()
