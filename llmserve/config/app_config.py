@@ -194,6 +194,9 @@ class RoutingConfig(ScoreWeights):
     stats_period_s: Annotated[float, Gt(0)] = 1.0  # how often replicas record_routing_stats
     session_affinity: bool = True  # same x-session-id (or `user`) -> same replica while healthy
     prefix_aware: bool = True  # prefer the replica caching the prompt's start (KV events)
+    # How often one stream may resume on another replica when its replica or engine dies
+    # (llmserve/policies/resume.py); 0: it ends with an error event instead.
+    max_resumes: Annotated[int, Field(ge=0, le=10)] = 2
 
 
 class SimulationConfig(Strict):

@@ -37,6 +37,7 @@ class RequestOutcome:
     ttft_objective_s: float | None = None  # the class's first-token promise, where it has one
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
+    num_resumes: int = 0  # times its stream resumed on another replica
 
     @property
     def objective(self) -> str | None:
@@ -83,6 +84,11 @@ class RouterMetrics:
             "(admission.ttft_objective_s_by_class), by whether their first token met it.",
             tag_keys=(*REQUEST_TAGS, "result"),
         )
+        self.resumes = Counter(
+            "llmserve_stream_resumes",
+            description="Streams resumed on another replica after theirs or its engine died.",
+            tag_keys=REQUEST_TAGS,
+        )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens", description="Prompt tokens.", tag_keys=REQUEST_TAGS
         )
@@ -124,6 +130,8 @@ class RouterMetrics:
             self.queue_wait.observe(r.queue_wait_s, tags=tags)
         if (objective := r.objective) is not None:
             self.ttft_objective.inc(1, tags={**tags, "result": objective})
+        if r.num_resumes:
+            self.resumes.inc(r.num_resumes, tags=tags)
         if r.num_prompt_tokens:
             self.prompt_tokens.inc(r.num_prompt_tokens, tags=tags)
         if r.num_completion_tokens:

@@ -252,13 +252,17 @@ def rewrite_body(
     max_tokens_cap: int | None = None,
     priority: int | None = None,
     token_fields: tuple[str, ...] = MAX_TOKENS_FIELDS,
+    return_token_ids: bool = False,
 ) -> bytes:
     """The body a replica gets: the model's default max_tokens where the request gives none,
     the tenant's cap applied to both max_tokens fields (vLLM clips either to the context the
     prompt leaves), the tenant's priority instead of any the client sent, and the platform's
     `timeout` removed. `token_fields`: the request's max-tokens fields (`max_tokens_fields`);
-    a default goes in the last."""
+    a default goes in the last. `return_token_ids`: asked of the engine for a stream the
+    Router may resume (the replica takes them out of the client's bytes)."""
     out = dict(body)
+    if return_token_ids:
+        out["return_token_ids"] = True
     out.pop("timeout", None)
     out.pop("priority", None)  # the tenant's class decides, not the client
     if priority is not None:

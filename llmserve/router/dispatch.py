@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from llmserve.config.app_config import AppConfig, ModelConfig, TenantConfig
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
+from llmserve.policies.resume import Progress, resumable
 from llmserve.protocol.openai_protocol import (
     check_responses_body,
     max_tokens_fields,
@@ -34,7 +35,7 @@ from llmserve.request_router import route_notes
 from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
-from llmserve.router.request_path import OpenReply, session_of
+from llmserve.router.request_path import OpenReply, Resumable, session_of
 from llmserve.router.tenancy import estimate_prompt_tokens, model_not_found, request_terms
 
 
@@ -139,6 +140,7 @@ class Dispatcher:
         tenant's cap and priority), with the headers a replica gets (the trace's: this span's
         context, not the client's)."""
         model, tenant = admitted.model, client.tenant
+        track = model.routing.max_resumes > 0 and resumable(client.path, client.body)
         if client.path in GENERATION_PATHS:
             by_priority = model.engine.scheduling_policy == "priority"
             forwarded = rewrite_body(
@@ -147,6 +149,7 @@ class Dispatcher:
                 max_tokens_cap=tenant.max_tokens_cap,
                 priority=self._gate.priority(tenant) if by_priority else None,
                 token_fields=admitted.token_fields,
+                return_token_ids=track,
             )
         else:
             forwarded = rewrite_body(client.body)
@@ -166,6 +169,7 @@ class Dispatcher:
                     else (("content-type", "application/json"),)
                 ),
             ),
+            track_tokens=track,
         )
 
     async def _forward(
@@ -177,11 +181,9 @@ class Dispatcher:
             trace_headers = tuple(tracing.current_trace_headers().items())
             request = self._replica_request(client, admitted, trace_headers)
             dispatched_s = time.monotonic()
+            session = client.session_id or session_of(client.body)
             stream, head = await self._relay.dispatch(
-                admitted.handle,
-                request,
-                admitted.ticket,
-                client.session_id or session_of(client.body),
+                admitted.handle, request, admitted.ticket, session
             )
             span.set_attribute("llmserve.replica", head.replica_id)
             route = route_notes.take(client.request_id)
@@ -197,4 +199,11 @@ class Dispatcher:
         # Not the current span: the reply is consumed later, possibly in another task.
         model = {"llmserve.model": admitted.model.name}
         span = tracing.tracer.start_span("stream", attributes=model)
-        return OpenReply(head, stream, admitted.ticket, reply_headers, trail, span, dispatched_s)
+        reply = OpenReply(head, stream, admitted.ticket, reply_headers, trail, span, dispatched_s)
+        if request.track_tokens and head.stream_start is not None:
+            progress = Progress(admitted.model.routing.max_resumes, head.stream_start)
+            progress.token_ids.extend(head.token_ids)
+            reply.resumable = Resumable(
+                admitted.handle, request, session, progress, self._config.http.debug_headers
+            )
+        return reply

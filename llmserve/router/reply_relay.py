@@ -27,16 +27,20 @@ from llmserve.policies.relay import (
     tokens_charged,
 )
 from llmserve.protocol.openai_protocol import OpenAIError
-from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, ReplyPart
 from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.request_log import outcome_of
-from llmserve.router.request_path import DONE_FRAME, OpenReply, sse_error
+from llmserve.router.request_path import DONE_FRAME, OpenReply, resumed_comment, sse_error
 
 logger = logging.getLogger("ray.serve")
 UNAVAILABLE = "the model is unavailable; retry shortly"
 ENGINE_FAILED = OpenAIError(
     503, "the model's engine failed during generation; retry", headers={"Retry-After": "1"}
 )
+
+
+def can_resume(r: OpenReply) -> bool:
+    return r.resumable is not None and r.resumable.progress.can_resume()
 
 
 class ReplyRelay:
@@ -122,7 +126,8 @@ class ReplyRelay:
         )
 
     async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
-        """The reply's bytes as they come; raises OpenAIError if it fails midway."""
+        """The reply's bytes as they come; raises OpenAIError if it fails midway. A tracked
+        stream whose replica or engine dies resumes on another replica, in the same stream."""
         try:
             if r.head.body:
                 yield r.head.body
@@ -140,19 +145,64 @@ class ReplyRelay:
                 except Exception as e:  # the replica or its engine died mid-reply
                     r.replica_failed = True
                     logger.warning("request %s failed during generation: %r", r.trail.request_id, e)
-                    raise OpenAIError(
-                        503,
-                        "the model replica failed during generation; retry",
-                        headers={"Retry-After": "1"},
-                    ) from None
-                if isinstance(item, ReplyEnd):
-                    r.end = item
+                    if not can_resume(r):
+                        raise OpenAIError(
+                            503,
+                            "the model replica failed during generation; retry",
+                            headers={"Retry-After": "1"},
+                        ) from None
+                else:
+                    if isinstance(item, ReplyPart):
+                        r.resumable.progress.token_ids.extend(item.token_ids)
+                        yield item.body
+                        continue
+                    if not isinstance(item, ReplyEnd):
+                        yield item
+                        continue
+                    if item.token_ids:
+                        r.resumable.progress.token_ids.extend(item.token_ids)
                     if item.body:
                         yield item.body
-                    return
-                yield item
+                    if not (item.failed and can_resume(r)):
+                        r.end = item
+                        return
+                    r.replica_failed = True
+                    logger.warning("request %s: its engine failed mid-stream", r.trail.request_id)
+                head = await self._resume(r)
+                if r.resumable.announce:
+                    yield resumed_comment(head.replica_id, len(r.resumable.progress.token_ids))
+                r.resumable.progress.token_ids.extend(head.token_ids)
+                if head.body:
+                    yield head.body
         finally:
             self.settle(r)
+
+    async def _resume(self, r: OpenReply) -> ReplyHead:
+        """The tracked stream `r` on another replica, from where its client has it."""
+        res = r.resumable
+        assert res is not None
+        r.rest.cancel()
+        request = dataclasses.replace(
+            res.request, resume=res.progress.resume(), avoid_replica_id=r.head.replica_id
+        )
+        r.rest, head = await self.dispatch(res.handle, request, r.ticket, res.session)
+        r.trail.num_resumes += 1
+        r.span.add_event(
+            "resumed",
+            {
+                "llmserve.from_replica": r.head.replica_id,
+                "llmserve.replica": head.replica_id,
+                "llmserve.tokens_sent": len(request.resume.token_ids),
+            },
+        )
+        logger.info(
+            "request %s resumed on replica %s after %d tokens",
+            r.trail.request_id,
+            head.replica_id,
+            len(request.resume.token_ids),
+        )
+        r.head = head
+        return head  # its token ids: the caller's, once it has sent its body on
 
     def settle(self, r: OpenReply) -> None:
         """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""

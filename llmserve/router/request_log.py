@@ -41,6 +41,7 @@ class RequestTrail:
     num_completion_tokens: int = 0
     # First to last token, where the Router did not see them arrive (a reply sent whole).
     generation_s: float | None = None
+    num_resumes: int = 0  # the stream resumed on another replica (llmserve/policies/resume.py)
     finished: bool = False
 
     @contextlib.contextmanager
@@ -76,6 +77,7 @@ class RequestTrail:
             num_prompt_tokens=self.num_prompt_tokens,
             num_completion_tokens=self.num_completion_tokens,
             ttft_objective_s=self.ttft_objective_s,
+            num_resumes=self.num_resumes,
         )
         self.metrics.record(done)
         access_log.info(
@@ -99,6 +101,7 @@ class RequestTrail:
                     "prompt_tokens": self.num_prompt_tokens,
                     "completion_tokens": self.num_completion_tokens,
                     "replica": self.replica,
+                    "resumes": self.num_resumes,
                 }
             )
         )

@@ -11,14 +11,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Span
-from ray.serve.handle import DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from llmserve.policies.resume import Progress
 from llmserve.protocol.openai_protocol import OpenAIError
-from llmserve.protocol.replica_call import ReplyEnd, ReplyHead
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 from llmserve.router.admission_gate import Ticket
 from llmserve.router.request_log import RequestTrail
 
 DONE_FRAME = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Resumable:
+    """What resuming a tracked stream on another replica takes (llmserve/policies/resume.py)."""
+
+    handle: DeploymentHandle
+    request: ReplicaRequest
+    session: str
+    progress: Progress
+    announce: bool = False  # http.debug_headers: say so in the stream (an SSE comment)
 
 
 @dataclass
@@ -34,6 +46,13 @@ class OpenReply:
     dispatched_s: float  # monotonic time the request left for the replica
     end: ReplyEnd | None = field(default=None)
     replica_failed: bool = False
+    resumable: Resumable | None = None  # a tracked stream: may resume on another replica
+
+
+def resumed_comment(replica_id: str, num_tokens: int) -> bytes:
+    """An SSE comment (clients skip it) saying where a stream resumed: `http.debug_headers`'
+    counterpart of x-replica, which names the first replica only."""
+    return b": resumed on replica %s after %d tokens\n\n" % (replica_id.encode(), num_tokens)
 
 
 def sse_error(e: OpenAIError) -> bytes:

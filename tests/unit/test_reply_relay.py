@@ -1,5 +1,5 @@
 """The Router's reply relay (llmserve/router/reply_relay.py) against a fake replica handle: what a
-request whose deadline passed before its reply head answers."""
+request whose deadline passed before its reply head answers; a stream whose replica dies."""
 
 from __future__ import annotations
 
@@ -9,10 +9,21 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmserve.policies.resume import Progress
 from llmserve.protocol.openai_protocol import OpenAIError
-from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
+from llmserve.protocol.replica_call import (
+    ReplicaRequest,
+    ReplyEnd,
+    ReplyHead,
+    ReplyPart,
+    Resume,
+    StreamStart,
+    Usage,
+)
 from llmserve.router.admission_gate import Ticket
 from llmserve.router.reply_relay import ReplyRelay
+from llmserve.router.request_log import RequestTrail
+from llmserve.router.request_path import OpenReply, Resumable
 
 SSE = (("content-type", "text/event-stream"),)
 JSON = (("content-type", "application/json"),)
@@ -79,3 +90,113 @@ def test_a_whole_answer_that_came_just_late_is_still_given():
     relay, stream, go = dispatch(ReplyHead(200, JSON, b'{"id": "x"}'), deadline_s=99.0)
     _, head = asyncio.run(go())
     assert head.status == 200 and not stream.cancelled
+
+
+# -- a tracked stream whose replica or engine dies mid-stream resumes on another ------------
+
+START = StreamStart("chatcmpl-1", 17, (1, 2))
+
+
+class Died(Exception):
+    """The replica's actor died: Ray raises at the next item."""
+
+
+class RaisingStream(FakeStream):
+    async def __anext__(self):
+        item = await super().__anext__()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+class Replicas:
+    """A handle whose every call is answered by the next of `streams`; keeps the requests."""
+
+    def __init__(self, *streams: FakeStream) -> None:
+        self.streams = list(streams)
+        self.requests: list[ReplicaRequest] = []
+
+        def remote(request):
+            self.requests.append(request)
+            return self.streams.pop(0)
+
+        self.generate = SimpleNamespace(remote=remote)
+
+    def options(self, **_):
+        return self
+
+
+def tracked_reply(first: list, max_resumes: int, *rest: FakeStream):
+    relay = ReplyRelay(SimpleNamespace(num_rejected=Counter(), clock=lambda: 1.0, finish=finish))
+    head = ReplyHead(200, SSE, b"a", "r1", stream_start=START, token_ids=(10,))
+    request = ReplicaRequest("q", "/v1/chat/completions", b"{}", track_tokens=True)
+    replicas = Replicas(*rest)
+    progress = Progress(max_resumes, START, [10])
+    reply = OpenReply(
+        head,
+        RaisingStream(first),
+        ticket(deadline_s=100.0),
+        {},
+        RequestTrail(SimpleNamespace(record=lambda o: None), "q", "", "chat"),
+        SimpleNamespace(
+            add_event=lambda *a, **k: None, set_attribute=lambda *a: None, end=lambda: None
+        ),
+        0.0,
+        resumable=Resumable(replicas, request, "", progress),
+    )
+    return relay, reply, replicas
+
+
+finished: list[int] = []
+
+
+def finish(ticket, tokens):
+    finished.append(tokens)
+
+
+async def relayed(relay, reply) -> bytes:
+    return b"".join([part async for part in relay.parts(reply)])
+
+
+def second_replica(*items) -> RaisingStream:
+    head = ReplyHead(200, SSE, b"c", "r2", stream_start=START, token_ids=(12,))
+    return RaisingStream([head, *items])
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Died("actor died"), ReplyEnd(b"", failed=True)],
+    ids=["replica died", "engine died"],
+)
+def test_a_stream_whose_replica_dies_resumes_where_its_client_is(fault):
+    end = ReplyEnd(b"d[DONE]", Usage(2, 4), token_ids=(13,))
+    relay, reply, replicas = tracked_reply(
+        [ReplyPart(b"b", (11,)), fault], 2, second_replica(ReplyPart(b"", ()), end)
+    )
+    assert asyncio.run(relayed(relay, reply)) == b"abcd[DONE]"
+    (resumed,) = replicas.requests
+    assert resumed.resume == Resume(START, (10, 11))
+    assert resumed.avoid_replica_id == "r1"  # not the replica that failed
+    assert reply.trail.num_resumes == 1 and reply.end is end
+    assert finished[-1] == 6  # the tenant pays the whole answer once, as the replica counted
+
+
+def test_a_stream_gives_up_after_its_resumes():
+    relay, reply, replicas = tracked_reply(
+        [ReplyPart(b"b", (11,)), Died("1")], 1, second_replica(Died("2"))
+    )
+    with pytest.raises(OpenAIError) as e:
+        asyncio.run(relayed(relay, reply))
+    assert e.value.status == 503 and len(replicas.requests) == 1
+    assert finished[-1] == 0  # a replica's failure costs the tenant nothing
+
+
+def test_an_untracked_stream_ends_with_the_error_as_before():
+    relay, reply, replicas = tracked_reply([b"b", Died("1")], 0, second_replica())
+    with pytest.raises(OpenAIError) as e:
+        asyncio.run(relayed(relay, reply))
+    assert e.value.status == 503 and replicas.requests == []
+    failed_end = ReplyEnd(b"data: error", failed=True)
+    relay, reply, replicas = tracked_reply([failed_end], 0, second_replica())
+    assert asyncio.run(relayed(relay, reply)) == b"adata: error"
+    assert reply.end is failed_end and replicas.requests == []
