@@ -64,6 +64,7 @@ class Reply:
     sse_error: str | None = None  # the data of a stream's error (the Router's `error` event,
     # or vLLM's data chunk with an "error"), the last if several
     done: bool = False  # the stream ended with `data: [DONE]`
+    resumes: int = 0  # the stream resumed on another replica (http.debug_headers says so)
     exc: httpx.HTTPError | None = None
 
     @property
@@ -123,6 +124,8 @@ async def _read_stream(r: Reply, resp: httpx.Response) -> None:
             event = line[6:].strip()
             continue
         if not line.startswith("data:"):
+            if line.startswith(": resumed on replica"):
+                r.resumes += 1
             continue
         data = line[5:].strip()
         if data == "[DONE]":

@@ -12,6 +12,7 @@ event followed by `[DONE]`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -27,6 +28,9 @@ import httpx
 from bench.client import Reply, send
 
 ROOT = Path(__file__).resolve().parents[1]
+# Requests cycle through this many prompts: greedy answers to one prompt are compared, so that
+# a stream resumed on another replica is seen to say what an unbroken one says.
+NUM_PROMPTS = 4
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Result:
     clean: bool = True  # for failures: answered as the API promises
     code: str = ""  # error code, or the exception's name
     replica: str | None = None  # x-replica (the app runs with http.debug_headers)
+    prompt: int = 0  # which of the NUM_PROMPTS
+    resumes: int = 0  # times its stream resumed on another replica
+    answer: str = ""  # a digest of the answer's text (ok replies)
 
     @property
     def ok(self) -> bool:
@@ -125,7 +132,7 @@ class Load:
         n, self._count = self._count, self._count + 1
         body = {
             "model": self.model,
-            "prompt": f"chaos request {n}",
+            "prompt": f"chaos request {n % NUM_PROMPTS}",
             "max_tokens": self.max_tokens,
             "ignore_eos": True,
             "temperature": 0,
@@ -148,6 +155,9 @@ class Load:
             )
         else:
             r = judge(self.model, stream, reply)
+            r.prompt, r.resumes = n % NUM_PROMPTS, reply.resumes
+            if r.ok:
+                r.answer = hashlib.sha256(reply.text.encode()).hexdigest()[:12]
         self.results.append(r)
         return r
 
