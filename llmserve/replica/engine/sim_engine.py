@@ -111,6 +111,9 @@ class SimEngine:
             usage.num_prompt_tokens += req["num_prompt"]
         chat = path == CHAT_PATH
         start = time.monotonic()
+        # As vLLM's server does: a client that leaves aborts the request at once (its slot
+        # free for the next step), not when its answer would next be written.
+        watch = asyncio.ensure_future(_until_disconnect(receive, seq))
         try:
             if req["stream"]:
                 await send(
@@ -124,6 +127,8 @@ class SimEngine:
             ids = req["return_token_ids"]
             while True:
                 done = await seq.queue.get()
+                if done is None:  # the client left
+                    return
                 n += 1
                 if usage is not None:
                     usage.num_completion_tokens += 1
@@ -148,6 +153,7 @@ class SimEngine:
             else:
                 await _respond(send, 200, _whole(rid, chat, req["num_prompt"], req["first"], n))
         finally:
+            watch.cancel()
             self._finish(rid)  # abort: frees the slot for the next step
 
     def _parse(self, raw: bytes, path: str) -> dict[str, Any]:
@@ -222,6 +228,12 @@ class SimEngine:
         if self._loop_task is not None:
             self._loop_task.cancel()
         self._dead = True
+
+
+async def _until_disconnect(receive, seq: _Seq) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    seq.queue.put_nowait(None)
 
 
 async def _respond(send, status: int, body: bytes) -> None:
