@@ -38,6 +38,7 @@ class RequestOutcome:
     num_prompt_tokens: int = 0
     num_completion_tokens: int = 0
     num_resumes: int = 0  # times its stream resumed on another replica
+    num_preemptions: int = 0  # times it gave its slot to a more urgent request
 
     @property
     def objective(self) -> str | None:
@@ -89,6 +90,12 @@ class RouterMetrics:
             description="Streams resumed on another replica after theirs or its engine died.",
             tag_keys=REQUEST_TAGS,
         )
+        self.preemptions = Counter(
+            "llmserve_preemptions",
+            description="Streams that gave their slot to a more urgent class's request and "
+            "went on later where they stopped.",
+            tag_keys=REQUEST_TAGS,
+        )
         self.prompt_tokens = Counter(
             "llmserve_prompt_tokens", description="Prompt tokens.", tag_keys=REQUEST_TAGS
         )
@@ -132,6 +139,8 @@ class RouterMetrics:
             self.ttft_objective.inc(1, tags={**tags, "result": objective})
         if r.num_resumes:
             self.resumes.inc(r.num_resumes, tags=tags)
+        if r.num_preemptions:
+            self.preemptions.inc(r.num_preemptions, tags=tags)
         if r.num_prompt_tokens:
             self.prompt_tokens.inc(r.num_prompt_tokens, tags=tags)
         if r.num_completion_tokens:

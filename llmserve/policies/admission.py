@@ -15,6 +15,11 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names, so
   that batch work may wait its turn where interactive work should be refused at once.
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
+- `mark_preemptible` an in-flight entry that can stop and resume later (a tracked stream):
+  a newcomer of a class with a first-token promise that would otherwise wait, or miss its
+  promise, takes the slot of the lowest-class such entry below its own, the longest running
+  (most likely running in the engine, not waiting in its line); that entry waits in the
+  queue again, as a new arrival of its class (`Admit.preempted`).
 
 Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
 arrival. With ageing, an entry's effective priority drops by one every `ageing_s` seconds
@@ -56,9 +61,13 @@ _SERVICE_TIME_WEIGHT = 0.1
 
 @dataclass(frozen=True)
 class Admit:
-    """Start this request now: it holds one in-flight slot until `release`."""
+    """Start this request now: it holds one in-flight slot until `release`.
+
+    `preempted`: the in-flight entry of a lower class whose slot it took. That entry is queued
+    again (its stream must stop now, and resume where it stopped when it starts again)."""
 
     entry_id: str
+    preempted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,7 @@ class AdmissionPolicy:
         self._ttft_objective_s_by_level = dict(ttft_objective_s_by_level or {})
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
         self._in_flight_capped: set[str] = set()
+        self._preemptible: dict[str, int] = {}  # in-flight entry id -> its base priority
         self._queued: dict[str, _Entry] = {}
         # One FIFO per base priority. Ageing depends only on the wait, so within one base
         # priority the oldest entry is always the most urgent: the next to start is the
@@ -209,7 +219,14 @@ class AdmissionPolicy:
         objective_s = self._ttft_objective_s_by_level.get(priority)
         if objective_s is not None:
             first_s = self._expected_engine_wait_s(entry, now_s)
-            if first_s is not None and first_s > objective_s:
+            late = first_s is not None and first_s > objective_s
+            if late or not self._may_start(priority):
+                victim = self._victim(priority)
+                if victim is not None:
+                    self._preempt(victim, now_s)
+                    self._admit(entry_id, priority, now_s)
+                    return Admit(entry_id, preempted=victim)
+            if late:
                 # Its first token would come after its class's promise: refused now, honestly,
                 # rather than admitted to miss it.
                 return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
@@ -244,6 +261,7 @@ class AdmissionPolicy:
         """
         admitted_s = self._in_flight.pop(entry_id)
         self._in_flight_capped.discard(entry_id)
+        self._preemptible.pop(entry_id, None)
         service_s = max(0.0, now_s - admitted_s)
         if self._mean_service_s is None:
             self._mean_service_s = service_s
@@ -271,6 +289,11 @@ class AdmissionPolicy:
         if engine_slots is not None and engine_slots < 0:
             raise ValueError(f"engine_slots must be >= 0, got {engine_slots}")
         return engine_slots
+
+    def mark_preemptible(self, entry_id: str, priority: int) -> None:
+        """This in-flight entry may give its slot to a more urgent one (until `release`)."""
+        if entry_id in self._in_flight:
+            self._preemptible[entry_id] = priority
 
     def cancel(self, entry_id: str) -> bool:
         """Drop a queued entry (its client left). False if it is not queued; an entry that
@@ -326,6 +349,18 @@ class AdmissionPolicy:
         self._in_flight[entry_id] = now_s
         if self._is_capped(priority):
             self._in_flight_capped.add(entry_id)
+
+    def _victim(self, priority: int) -> str | None:
+        """The preemptible in-flight entry of the lowest class below `priority`, the one
+        admitted first; None if there is none."""
+        below = [(p, -self._in_flight[e], e) for e, p in self._preemptible.items() if p > priority]
+        return max(below)[2] if below else None
+
+    def _preempt(self, entry_id: str, now_s: float) -> None:
+        priority = self._preemptible.pop(entry_id)
+        del self._in_flight[entry_id]
+        self._in_flight_capped.discard(entry_id)
+        self._push(_Entry(entry_id, priority, now_s, next(self._seq)))
 
     def _start_queued(self, now_s: float) -> list[str]:
         started: list[str] = []

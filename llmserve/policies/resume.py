@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, Resume, StreamStart
+from llmserve.protocol.replica_call import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    RawIds,
+    Resume,
+    StreamStart,
+    parse_ids,
+)
 
 # Sampling and output fields a continuation keeps as they were.
 CARRIED = frozenset(
@@ -114,12 +121,17 @@ def continuation_body(body: Mapping[str, Any], resume: Resume) -> dict[str, Any]
 
 @dataclass
 class Progress:
-    """A tracked stream, as far as its client has it: what a resume needs."""
+    """A tracked stream, as far as its client has it: what a resume needs. The ids stay as the
+    replicas sent them until a resume reads them."""
 
     max_resumes: int
     start: StreamStart | None = None
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[RawIds] = field(default_factory=list)
     num_resumes: int = 0
+
+    def add(self, raw: RawIds) -> None:
+        if raw:
+            self.token_ids.append(raw)
 
     def can_resume(self) -> bool:
         return self.start is not None and self.num_resumes < self.max_resumes
@@ -127,4 +139,6 @@ class Progress:
     def resume(self) -> Resume:
         assert self.start is not None
         self.num_resumes += 1
-        return Resume(self.start, tuple(self.token_ids))
+        ids = parse_ids(self.token_ids)
+        self.token_ids = [b",".join(str(i).encode() for i in ids)] if ids else []
+        return Resume(self.start, ids)

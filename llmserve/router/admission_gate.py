@@ -37,6 +37,11 @@ class Ticket:
     admitted_at: float = 0.0  # when it passed the rate limits, on the gate's clock
     finished: bool = field(default=False)
     expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
+    priority: int = 0  # its class's level
+    # A tracked stream that may give its slot to a more urgent request: what stops it.
+    on_preempt: Callable[[], None] | None = field(default=None, repr=False)
+    # Preempted: done when it may go on (its slot back), or failed (it waited too long).
+    readmitted: asyncio.Future | None = field(default=None, repr=False)
 
 
 UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
@@ -97,6 +102,7 @@ class Gate:
             if m.deployment.autoscaling is not None and m.deployment.autoscaling.min_replicas == 0
         )
         self._waiters: dict[str, asyncio.Future] = {}
+        self._preemptible: dict[str, Ticket] = {}  # by entry id, while in flight
         self._concurrent: Counter[str] = Counter()
         self._ids = itertools.count()
         self.num_rejected: Counter[tuple[str, str]] = Counter()  # (model, reason) -> count
@@ -200,10 +206,13 @@ class Gate:
     async def _enter_queue(self, ticket: Ticket, priority: int, timeout_s: float) -> None:
         queue = self._queues[ticket.model]
         now = self.clock()
+        ticket.priority = priority
         for r in queue.poll(now):  # expired entries must not count against the newcomer
             self._fail_waiter(ticket.model, r)
         decision = queue.offer(ticket.entry_id, priority, now)
         if isinstance(decision, Admit):
+            if decision.preempted is not None:
+                self._preempt(decision.preempted)
             return
         if isinstance(decision, Reject):
             raise self._rejection(ticket.model, decision)
@@ -228,6 +237,39 @@ class Gate:
             raise
         finally:
             self._waiters.pop(ticket.entry_id, None)
+
+    def preemptible(self, ticket: Ticket, on_preempt: Callable[[], None]) -> None:
+        """`ticket`'s request may stop for a more urgent one and resume later: `on_preempt`
+        stops it (the relay then awaits `ticket.readmitted`)."""
+        if ticket.finished:
+            return
+        ticket.on_preempt, ticket.readmitted = on_preempt, None
+        self._preemptible[ticket.entry_id] = ticket
+        self._queues[ticket.model].mark_preemptible(ticket.entry_id, ticket.priority)
+
+    def _preempt(self, entry_id: str) -> None:
+        ticket = self._preemptible.pop(entry_id)
+        ticket.readmitted = asyncio.get_running_loop().create_future()
+        self._waiters[entry_id] = ticket.readmitted
+        assert ticket.on_preempt is not None
+        ticket.on_preempt()
+
+    async def readmitted(self, ticket: Ticket) -> None:
+        """Until a preempted request has its slot back; raises 503 (it waited longer than its
+        class may) or 504 (its deadline passed meanwhile)."""
+        assert ticket.readmitted is not None
+        try:
+            await asyncio.wait_for(ticket.readmitted, max(0.0, ticket.deadline_s - self.clock()))
+        except asyncio.TimeoutError:
+            self.num_rejected[(ticket.model, "deadline")] += 1
+            raise OpenAIError(
+                504,
+                "the request's deadline passed while it was preempted",
+                code="deadline_exceeded",
+            ) from None
+        finally:
+            self._waiters.pop(ticket.entry_id, None)
+            ticket.readmitted = None
 
     def _rejection(self, model: str, r: Reject) -> OpenAIError:
         self.num_rejected[(model, r.reason)] += 1
@@ -262,7 +304,12 @@ class Gate:
         now = self.clock()
         self._concurrent[ticket.tenant] -= 1
         self._limiters[ticket.tenant].settle(ticket.num_reserved_tokens, num_used_tokens, now)
-        self._start(self._queues[ticket.model].release(ticket.entry_id, now))
+        self._preemptible.pop(ticket.entry_id, None)
+        queue = self._queues[ticket.model]
+        if queue.cancel(ticket.entry_id):  # preempted, and ended while it waited to go on
+            self._waiters.pop(ticket.entry_id, None)
+            return
+        self._start(queue.release(ticket.entry_id, now))
 
     # ------------------------------------------------------------------- periodic and state
 

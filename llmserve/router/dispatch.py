@@ -202,8 +202,9 @@ class Dispatcher:
         reply = OpenReply(head, stream, admitted.ticket, reply_headers, trail, span, dispatched_s)
         if request.track_tokens and head.stream_start is not None:
             progress = Progress(admitted.model.routing.max_resumes, head.stream_start)
-            progress.token_ids.extend(head.token_ids)
+            progress.add(head.token_ids)
             reply.resumable = Resumable(
                 admitted.handle, request, session, progress, self._config.http.debug_headers
             )
+            self._relay.allow_preemption(reply)
         return reply

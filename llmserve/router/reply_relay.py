@@ -39,6 +39,10 @@ ENGINE_FAILED = OpenAIError(
 )
 
 
+class Preempted(Exception):
+    """A tracked stream's slot went to a more urgent request: its engine request was aborted."""
+
+
 def can_resume(r: OpenReply) -> bool:
     return r.resumable is not None and r.resumable.progress.can_resume()
 
@@ -111,13 +115,21 @@ class ReplyRelay:
         raise AssertionError("unreachable: the last attempt gives up")
 
     async def next(self, stream: DeploymentResponseGenerator, ticket: Ticket):
-        """The reply's next item, or a 504 once the request's deadline has cancelled it."""
+        """The reply's next item, or a 504 once the request's deadline has cancelled it, or
+        Preempted once a more urgent request took its slot."""
         try:
             return await stream.__anext__()
         except RequestCancelledError:
-            if not ticket.expired:
-                raise
-            raise self._deadline_passed(ticket) from None
+            if ticket.expired:
+                raise self._deadline_passed(ticket) from None
+            if ticket.readmitted is not None:
+                raise Preempted from None
+            raise
+
+    def allow_preemption(self, r: OpenReply) -> None:
+        """A tracked stream that may still resume may give its slot to a more urgent request."""
+        if r.resumable is not None and r.resumable.progress.can_resume():
+            self.gate.preemptible(r.ticket, lambda: r.rest.cancel())
 
     def _deadline_passed(self, ticket: Ticket) -> OpenAIError:
         self.gate.num_rejected[(ticket.model, "deadline")] += 1
@@ -127,11 +139,13 @@ class ReplyRelay:
 
     async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
         """The reply's bytes as they come; raises OpenAIError if it fails midway. A tracked
-        stream whose replica or engine dies resumes on another replica, in the same stream."""
+        stream whose replica or engine dies resumes on another replica, in the same stream;
+        one preempted for a more urgent request resumes once it has a slot again."""
         try:
             if r.head.body:
                 yield r.head.body
             while True:
+                preempted = False
                 try:
                     item = await self.next(r.rest, r.ticket)
                 except StopAsyncIteration:
@@ -142,6 +156,11 @@ class ReplyRelay:
                     ) from None
                 except (OpenAIError, asyncio.CancelledError):
                     raise
+                except Preempted:
+                    # Its engine request was aborted; it goes on where it stopped once a slot
+                    # is its again (on whichever replica the request router picks).
+                    await self.gate.readmitted(r.ticket)
+                    preempted = True
                 except Exception as e:  # the replica or its engine died mid-reply
                     r.replica_failed = True
                     logger.warning("request %s failed during generation: %r", r.trail.request_id, e)
@@ -152,15 +171,15 @@ class ReplyRelay:
                             headers={"Retry-After": "1"},
                         ) from None
                 else:
-                    if isinstance(item, ReplyPart):
-                        r.resumable.progress.token_ids.extend(item.token_ids)
+                    if type(item) is ReplyPart:
+                        r.resumable.progress.add(item.token_ids)
                         yield item.body
                         continue
                     if not isinstance(item, ReplyEnd):
                         yield item
                         continue
                     if item.token_ids:
-                        r.resumable.progress.token_ids.extend(item.token_ids)
+                        r.resumable.progress.add(item.token_ids)
                     if item.body:
                         yield item.body
                     if not (item.failed and can_resume(r)):
@@ -168,27 +187,32 @@ class ReplyRelay:
                         return
                     r.replica_failed = True
                     logger.warning("request %s: its engine failed mid-stream", r.trail.request_id)
-                head = await self._resume(r)
+                head, num_sent = await self._resume(r, preempted)
                 if r.resumable.announce:
-                    yield resumed_comment(head.replica_id, len(r.resumable.progress.token_ids))
-                r.resumable.progress.token_ids.extend(head.token_ids)
+                    yield resumed_comment(head.replica_id, num_sent, preempted)
+                r.resumable.progress.add(head.token_ids)
                 if head.body:
                     yield head.body
         finally:
             self.settle(r)
 
-    async def _resume(self, r: OpenReply) -> ReplyHead:
-        """The tracked stream `r` on another replica, from where its client has it."""
+    async def _resume(self, r: OpenReply, preempted: bool) -> tuple[ReplyHead, int]:
+        """The tracked stream `r` on a replica again, from where its client has it: another
+        one after a failure, any after a preemption."""
         res = r.resumable
         assert res is not None
         r.rest.cancel()
+        failed_replica = None if preempted else r.head.replica_id
         request = dataclasses.replace(
-            res.request, resume=res.progress.resume(), avoid_replica_id=r.head.replica_id
+            res.request, resume=res.progress.resume(), avoid_replica_id=failed_replica
         )
         r.rest, head = await self.dispatch(res.handle, request, r.ticket, res.session)
-        r.trail.num_resumes += 1
+        if preempted:
+            r.trail.num_preemptions += 1
+        else:
+            r.trail.num_resumes += 1
         r.span.add_event(
-            "resumed",
+            "preempted" if preempted else "resumed",
             {
                 "llmserve.from_replica": r.head.replica_id,
                 "llmserve.replica": head.replica_id,
@@ -196,13 +220,16 @@ class ReplyRelay:
             },
         )
         logger.info(
-            "request %s resumed on replica %s after %d tokens",
+            "request %s %s on replica %s after %d tokens",
             r.trail.request_id,
+            "preempted, resumed" if preempted else "resumed",
             head.replica_id,
             len(request.resume.token_ids),
         )
         r.head = head
-        return head  # its token ids: the caller's, once it has sent its body on
+        self.allow_preemption(r)
+        # Its token ids are the caller's, once it has sent its body on.
+        return head, len(request.resume.token_ids)
 
     def settle(self, r: OpenReply) -> None:
         """Once per reply, however it ended: the slot back, the bucket charged, the trail filled."""

@@ -42,6 +42,7 @@ class RequestTrail:
     # First to last token, where the Router did not see them arrive (a reply sent whole).
     generation_s: float | None = None
     num_resumes: int = 0  # the stream resumed on another replica (llmserve/policies/resume.py)
+    num_preemptions: int = 0  # it gave its slot to a more urgent request, then went on
     finished: bool = False
 
     @contextlib.contextmanager
@@ -78,6 +79,7 @@ class RequestTrail:
             num_completion_tokens=self.num_completion_tokens,
             ttft_objective_s=self.ttft_objective_s,
             num_resumes=self.num_resumes,
+            num_preemptions=self.num_preemptions,
         )
         self.metrics.record(done)
         access_log.info(
@@ -102,6 +104,7 @@ class RequestTrail:
                     "completion_tokens": self.num_completion_tokens,
                     "replica": self.replica,
                     "resumes": self.num_resumes,
+                    "preemptions": self.num_preemptions,
                 }
             )
         )

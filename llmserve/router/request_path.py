@@ -49,10 +49,15 @@ class OpenReply:
     resumable: Resumable | None = None  # a tracked stream: may resume on another replica
 
 
-def resumed_comment(replica_id: str, num_tokens: int) -> bytes:
+def resumed_comment(replica_id: str, num_tokens: int, preempted: bool = False) -> bytes:
     """An SSE comment (clients skip it) saying where a stream resumed: `http.debug_headers`'
     counterpart of x-replica, which names the first replica only."""
-    return b": resumed on replica %s after %d tokens\n\n" % (replica_id.encode(), num_tokens)
+    why = b" (preempted)" if preempted else b""
+    return b": resumed on replica %s after %d tokens%s\n\n" % (
+        replica_id.encode(),
+        num_tokens,
+        why,
+    )
 
 
 def sse_error(e: OpenAIError) -> bytes:

@@ -128,16 +128,22 @@ def wait_running(app: str, deployments: list[str], replicas: int = 2) -> None:
 
 @contextlib.contextmanager
 def deployed_app(
-    cluster_url: str, args: dict, name: str, prefix: str, deployments: list[str]
+    cluster_url: str,
+    args: dict,
+    name: str,
+    prefix: str,
+    deployments: list[str],
+    replicas: int = 2,
 ) -> Iterator[str]:
-    """The app deployed on the test cluster, its replicas running: its URL; deleted after."""
+    """The app deployed on the test cluster, `replicas` of each deployment running: its URL;
+    deleted after."""
     from ray import serve
 
     from llmserve.app import build_app
 
     serve.run(build_app(args), name=name, route_prefix=prefix)
     try:
-        wait_running(name, deployments)
+        wait_running(name, deployments, replicas)
         yield f"{cluster_url}{prefix}"
     finally:
         serve.delete(name)

@@ -8,6 +8,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from ray.serve.exceptions import RequestCancelledError
 
 from llmserve.policies.resume import Progress
 from llmserve.protocol.openai_protocol import OpenAIError
@@ -24,6 +25,7 @@ from llmserve.router.admission_gate import Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, Resumable
+from tests.unit.gate_helpers import MODEL, make_gate
 
 SSE = (("content-type", "text/event-stream"),)
 JSON = (("content-type", "application/json"),)
@@ -127,11 +129,14 @@ class Replicas:
 
 
 def tracked_reply(first: list, max_resumes: int, *rest: FakeStream):
-    relay = ReplyRelay(SimpleNamespace(num_rejected=Counter(), clock=lambda: 1.0, finish=finish))
-    head = ReplyHead(200, SSE, b"a", "r1", stream_start=START, token_ids=(10,))
+    gate = SimpleNamespace(
+        num_rejected=Counter(), clock=lambda: 1.0, finish=finish, preemptible=lambda *a: None
+    )
+    relay = ReplyRelay(gate)
+    head = ReplyHead(200, SSE, b"a", "r1", stream_start=START, token_ids=b"10")
     request = ReplicaRequest("q", "/v1/chat/completions", b"{}", track_tokens=True)
     replicas = Replicas(*rest)
-    progress = Progress(max_resumes, START, [10])
+    progress = Progress(max_resumes, START, [b"10"])
     reply = OpenReply(
         head,
         RaisingStream(first),
@@ -159,7 +164,7 @@ async def relayed(relay, reply) -> bytes:
 
 
 def second_replica(*items) -> RaisingStream:
-    head = ReplyHead(200, SSE, b"c", "r2", stream_start=START, token_ids=(12,))
+    head = ReplyHead(200, SSE, b"c", "r2", stream_start=START, token_ids=b"12")
     return RaisingStream([head, *items])
 
 
@@ -169,9 +174,9 @@ def second_replica(*items) -> RaisingStream:
     ids=["replica died", "engine died"],
 )
 def test_a_stream_whose_replica_dies_resumes_where_its_client_is(fault):
-    end = ReplyEnd(b"d[DONE]", Usage(2, 4), token_ids=(13,))
+    end = ReplyEnd(b"d[DONE]", Usage(2, 4), token_ids=b"13")
     relay, reply, replicas = tracked_reply(
-        [ReplyPart(b"b", (11,)), fault], 2, second_replica(ReplyPart(b"", ()), end)
+        [ReplyPart(b"b", b"11"), fault], 2, second_replica(ReplyPart(b"", b""), end)
     )
     assert asyncio.run(relayed(relay, reply)) == b"abcd[DONE]"
     (resumed,) = replicas.requests
@@ -183,7 +188,7 @@ def test_a_stream_whose_replica_dies_resumes_where_its_client_is(fault):
 
 def test_a_stream_gives_up_after_its_resumes():
     relay, reply, replicas = tracked_reply(
-        [ReplyPart(b"b", (11,)), Died("1")], 1, second_replica(Died("2"))
+        [ReplyPart(b"b", b"11"), Died("1")], 1, second_replica(Died("2"))
     )
     with pytest.raises(OpenAIError) as e:
         asyncio.run(relayed(relay, reply))
@@ -200,3 +205,77 @@ def test_an_untracked_stream_ends_with_the_error_as_before():
     relay, reply, replicas = tracked_reply([failed_end], 0, second_replica())
     assert asyncio.run(relayed(relay, reply)) == b"adata: error"
     assert reply.end is failed_end and replicas.requests == []
+
+
+# -- a tracked batch stream preempted for an interactive request goes on afterwards ---------
+
+
+class RunningStream(FakeStream):
+    """Items, then waits until cancelled (a long answer in progress), as Serve's stream does."""
+
+    def __init__(self, items: list) -> None:
+        super().__init__(items)
+        self._cancelled = asyncio.Event()
+
+    async def __anext__(self):
+        if self.items:
+            return self.items.pop(0)
+        await self._cancelled.wait()
+        raise RequestCancelledError("cancelled")
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._cancelled.set()
+
+
+def test_a_preempted_stream_gives_its_slot_and_goes_on_where_it_stopped():
+    tenants = (
+        {"name": "b", "api_keys": ["sk-batch-0001"], "priority": "batch"},
+        {"name": "i", "api_keys": ["sk-interactive-0001"], "priority": "interactive"},
+    )
+    gate, by_name, _ = make_gate(
+        *tenants,
+        max_ongoing_requests=1,
+        max_num_seqs=1,
+        ttft_objective_s_by_class={"interactive": 1},
+    )
+    relay = ReplyRelay(gate)
+
+    async def go():
+        batch = await gate.admit(by_name["b"], MODEL, 10, 60)
+        head = ReplyHead(200, SSE, b"a", "r1", stream_start=START, token_ids=b"10")
+        replicas = Replicas(second_replica(ReplyEnd(b"d[DONE]", Usage(2, 3), token_ids=b"13")))
+        reply = OpenReply(
+            head,
+            RunningStream([ReplyPart(b"b", b"11")]),
+            batch,
+            {},
+            RequestTrail(SimpleNamespace(record=lambda o: None), "q", "", "chat"),
+            SimpleNamespace(
+                add_event=lambda *a, **k: None, set_attribute=lambda *a: None, end=lambda: None
+            ),
+            0.0,
+            resumable=Resumable(
+                replicas,
+                ReplicaRequest("q", "/v1/chat/completions", b"{}"),
+                "",
+                Progress(2, START, [b"10"]),
+            ),
+        )
+        relay.allow_preemption(reply)
+        out = asyncio.ensure_future(relayed(relay, reply))
+        await asyncio.sleep(0.01)  # "ab" relayed; the answer goes on
+        # The only slot is batch's: without preemption this waits for the whole answer.
+        interactive = await asyncio.wait_for(gate.admit(by_name["i"], MODEL, 10, 60), 1)
+        await asyncio.sleep(0.01)
+        assert not out.done() and replicas.requests == []  # waits for its slot back
+        gate.finish(interactive, 10)
+        return await out, replicas, reply
+
+    body, replicas, reply = asyncio.run(go())
+    assert body == b"abcd[DONE]"
+    (resumed,) = replicas.requests
+    assert resumed.resume == Resume(START, (10, 11))
+    assert resumed.avoid_replica_id is None  # no replica failed: any may go on with it
+    assert reply.trail.num_preemptions == 1 and reply.trail.num_resumes == 0
+    assert gate.snapshot()[MODEL] == {"capacity": 1, "in_flight": 0, "queued": 0}

@@ -91,8 +91,9 @@ def test_progress_resumes_at_most_max_resumes_times():
     p = Progress(max_resumes=2)
     assert not p.can_resume()  # no start seen: nothing to resume from
     p.start = START
-    p.token_ids.extend([5, 6])
-    assert p.resume() == Resume(START, (5, 6))
+    for raw in (b"5", b"", b"6,7"):  # as replicas send them
+        p.add(raw)
+    assert p.resume() == Resume(START, (5, 6, 7))
     assert p.can_resume()
     p.resume()
     assert not p.can_resume()
@@ -120,17 +121,20 @@ def test_the_tap_takes_the_ids_out_of_the_bytes_and_holds_those_without_text_yet
     tap = TokenTap()
     body, ids = tap.take(ROLE + chat_frame("Hi", [10]))
     assert tap.start == StreamStart("chatcmpl-1", 17, (1, 2, 3))
-    assert ids == (10,)
+    assert ids == b"10"
     assert b"[1,2,3]" not in body and b'"prompt_token_ids":null' in body
     assert b'"token_ids":null' in body and b"[10]" not in body
     # A character over two tokens: the first brings no text; its id waits for the second's.
     # The empty chunk vLLM sends only for its ids is not the client's.
     body, ids = tap.take(chat_frame(None, [11]))
-    assert (body, ids) == (b"", ())
+    assert (body, ids) == (b"", b"")
     body, ids = tap.take(chat_frame("é", [12]))
-    assert ids == (11, 12) and b'"content":"\xc3\xa9"' in body.replace(b"\\u00e9", "é".encode())
+    assert ids == b"11,12" and b'"content":"\xc3\xa9"' in body.replace(b"\\u00e9", "é".encode())
     body, ids = tap.take(chat_frame("", [13], finish="length") + b"data: [DONE]\n\n")
-    assert ids == (13,) and body.endswith(b"data: [DONE]\n\n")
+    assert ids == b"13" and body.endswith(b"data: [DONE]\n\n")
+    # Several chunks in one item (written while the previous one was on its way).
+    body, ids = tap.take(chat_frame("a", [14]) + chat_frame("b", [15, 16]))
+    assert ids == b"14,15,16" and body.count(b'"token_ids":null') == 2
 
 
 def test_a_failed_reply_keeps_its_chunks_and_leaves_the_error_to_the_router():
@@ -138,7 +142,7 @@ def test_a_failed_reply_keeps_its_chunks_and_leaves_the_error_to_the_router():
     tap.take(ROLE)
     error = b'data: {"error":{"message":"engine dead","code":500}}\n\ndata: [DONE]\n\n'
     body, ids = tap.take(chat_frame("a", [5]) + error, failed=True)
-    assert ids == (5,) and body.startswith(b'data: {"id"') and b"error" not in body
+    assert ids == b"5" and body.startswith(b'data: {"id"') and b"error" not in body
     assert b"[DONE]" not in body
 
 
@@ -185,7 +189,7 @@ def test_a_continuation_speaks_as_the_chat_stream_it_continues():
         + b"data: [DONE]\n\n"
     )
     body, ids = c.take(data)
-    assert ids == (41, 42, 43)
+    assert ids == b"41,42,43"
     frames = [json.loads(f[6:]) for f in body.split(b"\n\n") if f.startswith(b"data: {")]
     assert [f["id"] for f in frames] == ["chatcmpl-1"] * 3
     assert {f["object"] for f in frames} == {"chat.completion.chunk"}
@@ -201,7 +205,7 @@ def test_a_continuation_of_a_completions_stream_keeps_its_id_and_time():
     c = Continuation(COMPLETIONS_PATH, StreamStart("cmpl-1", 5, (1, 2, 3)), num_sent=1)
     body, ids = c.take(completion_frame(" b", [41]) + USAGE)
     first, usage = [json.loads(f[6:]) for f in body.split(b"\n\n") if f]
-    assert ids == (41,)
+    assert ids == b"41"
     assert (first["id"], first["created"], first["choices"][0]["text"]) == ("cmpl-1", 5, " b")
     assert first["choices"][0]["token_ids"] is None
     assert first["choices"][0]["prompt_token_ids"] is None
@@ -217,7 +221,7 @@ def test_a_resumed_request_asks_the_engine_for_the_continuation_and_counts_the_w
     assert (sent["prompt"], sent["max_tokens"]) == ([1, 2, 3, 7, 8], 6)
     sse = (("content-type", "text/event-stream"),)
     head = tracked.item(ReplyHead(200, sse, completion_frame(" b", [41]), "x"))
-    assert head.stream_start == START and head.token_ids == (41,)
-    assert tracked.item(b"") == ReplyPart(b"", ())
+    assert head.stream_start == START and head.token_ids == b"41"
+    assert tracked.item(b"") == ReplyPart(b"", b"")
     end = tracked.item(ReplyEnd(b"data: [DONE]\n\n", Usage(5, 3)))
     assert (end.usage.num_prompt_tokens, end.usage.num_completion_tokens) == (3, 5)
