@@ -44,7 +44,6 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
-    ReplyPart,
     RoutingStats,
     Usage,
 )
@@ -109,7 +108,7 @@ class LLMServer:
 
     async def generate(
         self, request: ReplicaRequest
-    ) -> AsyncIterator[ReplyHead | bytes | ReplyPart | ReplyEnd]:
+    ) -> AsyncIterator[ReplyHead | bytes | ReplyEnd]:
         if self._unhealthy_reason is not None:
             # Say so before any work, so that the Router retries on another replica.
             yield refusal(self._replica_id, self._unhealthy_reason)

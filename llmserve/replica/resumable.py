@@ -24,9 +24,9 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
-    ReplyPart,
     StreamStart,
     parse_ids,
+    reply_part,
 )
 
 TOKEN_IDS = re.compile(rb'"token_ids":\[([0-9, ]*)\]')
@@ -208,9 +208,9 @@ class TrackedReply:
         self._tap = Continuation(request.path, self._resume.start, len(self._resume.token_ids))
         self.engine_request = dataclasses.replace(request, path=COMPLETIONS_PATH, body=_dumps(body))
 
-    def item(self, part: ReplyHead | bytes | ReplyEnd) -> ReplyHead | ReplyPart | ReplyEnd:
+    def item(self, part: ReplyHead | bytes | ReplyEnd) -> ReplyHead | bytes | ReplyEnd:
         if isinstance(part, bytes):
-            return ReplyPart(*self._tap.take(part))
+            return reply_part(*self._tap.take(part))
         if isinstance(part, ReplyHead):
             if not part.is_stream:
                 return part  # an error answer, or a refusal: nothing to track

@@ -27,7 +27,7 @@ from llmserve.policies.relay import (
     tokens_charged,
 )
 from llmserve.protocol.openai_protocol import OpenAIError
-from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead, ReplyPart
+from llmserve.protocol.replica_call import ReplicaRequest, ReplyHead, split_part
 from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.request_log import outcome_of
 from llmserve.router.request_path import DONE_FRAME, OpenReply, resumed_comment, sse_error
@@ -171,11 +171,10 @@ class ReplyRelay:
                             headers={"Retry-After": "1"},
                         ) from None
                 else:
-                    if type(item) is ReplyPart:
-                        r.resumable.progress.add(item.token_ids)
-                        yield item.body
-                        continue
-                    if not isinstance(item, ReplyEnd):
+                    if type(item) is bytes:
+                        if r.resumable is not None:
+                            item, ids = split_part(item)
+                            r.resumable.progress.add(ids)
                         yield item
                         continue
                     if item.token_ids:

@@ -16,10 +16,10 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
-    ReplyPart,
     Resume,
     StreamStart,
     Usage,
+    reply_part,
 )
 from llmserve.router.admission_gate import Ticket
 from llmserve.router.reply_relay import ReplyRelay
@@ -176,7 +176,7 @@ def second_replica(*items) -> RaisingStream:
 def test_a_stream_whose_replica_dies_resumes_where_its_client_is(fault):
     end = ReplyEnd(b"d[DONE]", Usage(2, 4), token_ids=b"13")
     relay, reply, replicas = tracked_reply(
-        [ReplyPart(b"b", b"11"), fault], 2, second_replica(ReplyPart(b"", b""), end)
+        [reply_part(b"b", b"11"), fault], 2, second_replica(reply_part(b"", b""), end)
     )
     assert asyncio.run(relayed(relay, reply)) == b"abcd[DONE]"
     (resumed,) = replicas.requests
@@ -188,7 +188,7 @@ def test_a_stream_whose_replica_dies_resumes_where_its_client_is(fault):
 
 def test_a_stream_gives_up_after_its_resumes():
     relay, reply, replicas = tracked_reply(
-        [ReplyPart(b"b", b"11"), Died("1")], 1, second_replica(Died("2"))
+        [reply_part(b"b", b"11"), Died("1")], 1, second_replica(Died("2"))
     )
     with pytest.raises(OpenAIError) as e:
         asyncio.run(relayed(relay, reply))
@@ -247,7 +247,7 @@ def test_a_preempted_stream_gives_its_slot_and_goes_on_where_it_stopped():
         replicas = Replicas(second_replica(ReplyEnd(b"d[DONE]", Usage(2, 3), token_ids=b"13")))
         reply = OpenReply(
             head,
-            RunningStream([ReplyPart(b"b", b"11")]),
+            RunningStream([reply_part(b"b", b"11")]),
             batch,
             {},
             RequestTrail(SimpleNamespace(record=lambda o: None), "q", "", "chat"),

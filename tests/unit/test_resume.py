@@ -15,10 +15,10 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
     ReplyEnd,
     ReplyHead,
-    ReplyPart,
     Resume,
     StreamStart,
     Usage,
+    reply_part,
 )
 from llmserve.replica.resumable import Continuation, TokenTap, TrackedReply
 
@@ -222,6 +222,6 @@ def test_a_resumed_request_asks_the_engine_for_the_continuation_and_counts_the_w
     sse = (("content-type", "text/event-stream"),)
     head = tracked.item(ReplyHead(200, sse, completion_frame(" b", [41]), "x"))
     assert head.stream_start == START and head.token_ids == b"41"
-    assert tracked.item(b"") == ReplyPart(b"", b"")
+    assert tracked.item(b"") == reply_part(b"", b"")
     end = tracked.item(ReplyEnd(b"data: [DONE]\n\n", Usage(5, 3)))
     assert (end.usage.num_prompt_tokens, end.usage.num_completion_tokens) == (3, 5)
