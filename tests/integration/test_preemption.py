@@ -55,8 +55,12 @@ async def _scenario(url: str):
     async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as client:
         # Until the Router has seen the replica running (it queues everything before), so
         # that both batch streams start at once and hold both slots.
-        warm = await send(client, "/v1/completions", body(1), headers=_auth("batch"))
-        assert warm.status == 200 and warm.ttft_s is not None and warm.ttft_s < 1, warm
+        for _ in range(30):
+            warm = await send(client, "/v1/completions", body(1), headers=_auth("batch"))
+            if warm.status == 200 and warm.ttft_s is not None and warm.ttft_s < 0.5:
+                break
+        else:
+            raise AssertionError(f"the app never answered at once: {warm}")
         batch = [
             asyncio.create_task(
                 send(client, "/v1/completions", body(BATCH_TOKENS), headers=_auth("batch"))

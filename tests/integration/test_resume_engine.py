@@ -39,7 +39,7 @@ from llmserve.replica.resumable import TrackedReply
 from tests.integration.conftest import DEFAULT
 
 pytestmark = pytest.mark.timeout(900)
-MAX_TOKENS = 60
+MAX_TOKENS = 40
 # French with accents: characters that take two tokens, so some cut falls inside one.
 PROMPTS = {
     CHAT_PATH: {"messages": [{"role": "user", "content": "Écris un poème sur la mer, é è à ç."}]},
@@ -145,7 +145,7 @@ def test_a_stream_cut_anywhere_goes_on_as_if_unbroken(engine, path):
     # Cuts: at the start, right after an item whose token brought no text yet (inside a
     # character: its id is held back), mid-way and just before the end.
     inside = [k + 1 for k, item in enumerate(tracked[1:-1], 1) if not split_part(item)[1]][:2]
-    cuts = sorted({1, 2, *inside, len(tracked) // 2, len(tracked) - 2})
+    cuts = sorted({1, *inside, len(tracked) // 2, len(tracked) - 2})
     for cut in cuts:
         point = _resume_point(tracked[:cut])
         rest = loop.run_until_complete(_run(engine, request(f"c{cut}", resume=point)))
@@ -171,7 +171,7 @@ def test_a_stream_aborted_mid_way_goes_on_on_the_same_engine(engine):
         _run(
             engine,
             ReplicaRequest("a", CHAT_PATH, tracked_body, JSON, track_tokens=True),
-            stop_after=20,
+            stop_after=15,
         )
     )
     rest = loop.run_until_complete(
