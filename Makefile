@@ -56,7 +56,8 @@ serve: prepare
 	fi; \
 	RAY_ADDRESS=127.0.0.1:$(RAY_PORT) $(BIN)/serve run $(CONFIG)
 
-# Serve's apps, then every Ray process of this user on the machine (`ray stop`), then the files
+# Serve's apps, then `make serve`'s driver (`serve run` would wait 60 s for the GCS that `ray stop`
+# ends, then fail), then every Ray process of this user on the machine (`ray stop`), then the files
 # the cluster's HAProxy and shield left (llmserve/edge/ray_env.py). Run again, it says there is
 # nothing to stop. What it leaves on purpose: docs/operations.md.
 stop:
@@ -66,6 +67,7 @@ stop:
 	else \
 		echo "make stop: no Ray cluster answers at 127.0.0.1:$(RAY_PORT)"; \
 	fi; \
+	pkill -TERM -u "$$(id -u)" -f '[.]venv/bin/serve run ' && echo "make stop: ended make serve's driver"; \
 	$(BIN)/ray stop; \
 	$(BIN)/llmserve cleanup
 
