@@ -10,6 +10,11 @@
 #   fires, the Router never sees the disconnect and the engine runs the request to its end.
 #   Without it the disconnect reaches the Router within milliseconds (docs/api.md). Bodies are
 #   copied through HAProxy's buffers instead; responses are still spliced;
+# - `option http-buffer-request` joins `option redispatch 1`: HAProxy holds a request until its
+#   body is in (up to a buffer, tune.bufsize), so that it keeps a copy and its `retry-on
+#   empty-response` (llmserve/edge/ray_env.py) can send a request whose Router died before
+#   answering to another Router. Without it a body that came apart from its headers (httpx's
+#   way) left nothing to retry: those requests got HAProxy's 500 or a closed connection;
 # - the shield (llmserve/router/shield.py): where the Routers of this node left maps in `shield/`
 #   beside the config (`<run dir>/<node id>/shield`, llmserve/edge/ray_env.py), those of the apps
 #   the config has a backend for are merged into one and the rules go into the API frontend
@@ -25,6 +30,7 @@ for arg in "$@"; do
   if [ "$prev" = "-f" ] && [ -f "$arg" ]; then
     sed -i -E 's/^([[:space:]]*bind )(\*)?:([0-9]+)/\1127.0.0.1:\3/' "$arg"
     sed -i -E '/^[[:space:]]*option[[:space:]]+splice-request[[:space:]]*$/d' "$arg"
+    sed -i -E 's/^([[:space:]]*)option[[:space:]]+redispatch 1[[:space:]]*$/&\n\1option http-buffer-request/' "$arg"
     node="$(dirname "$arg")"
     run="$(dirname "$node")"
     shield="$node/shield"

@@ -139,7 +139,8 @@ def cluster_env(port_base: int | None = None, single_machine: bool = True) -> di
         **path_env(port_base),
         # A Router replica that dies holding requests it had not answered yet: HAProxy sends
         # them to another (Ray's default retries only a failed connect). The cost is a second
-        # generation of a request whose first one died with its Router.
+        # generation of a request whose first one died with its Router. Needs the request kept
+        # whole in HAProxy (`option http-buffer-request`, added by haproxy_loopback.sh).
         "RAY_SERVE_HAPROXY_RETRY_ON": "conn-failure empty-response",
         # One log line is one write, as outside the optimized mode: its default buffer of 1000
         # lines would hold a quiet Router's access log back for minutes.

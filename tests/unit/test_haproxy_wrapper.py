@@ -24,6 +24,7 @@ def test_rays_template_still_has_what_the_wrapper_changes():
     # If Ray's template drops these, the wrapper's edits are moot: this says so.
     assert "option splice-request" in HAPROXY_CONFIG_TEMPLATE
     assert "option abortonclose" in HAPROXY_CONFIG_TEMPLATE
+    assert "option redispatch 1" in HAPROXY_CONFIG_TEMPLATE
 
 
 def test_listeners_on_loopback_and_request_splicing_off(tmp_path):
@@ -33,6 +34,8 @@ def test_listeners_on_loopback_and_request_splicing_off(tmp_path):
         "    option abortonclose\n"
         "    option splice-request\n"
         "    option splice-response\n"
+        "    option redispatch 1\n"
+        "    retry-on conn-failure empty-response\n"
         "frontend stats\n"
         "    bind *:8404\n"
         "frontend metrics\n"
@@ -45,5 +48,7 @@ def test_listeners_on_loopback_and_request_splicing_off(tmp_path):
     # A client leaving before a non-streamed answer reaches the Router only without it.
     assert "option splice-request" not in lines
     assert "option abortonclose" in lines and "option splice-response" in lines
+    # Requests kept whole, so that one whose Router died before answering is retried.
+    assert lines.index("option http-buffer-request") == lines.index("option redispatch 1") + 1
     binds = [line for line in lines if line.startswith("bind ")]
     assert binds == ["bind 127.0.0.1:8404", "bind 127.0.0.1:9101", "bind 127.0.0.1:8000"]
