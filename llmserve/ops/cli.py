@@ -27,8 +27,8 @@ from pydantic import ValidationError
 
 from llmserve.config.app_config import AppConfig, EngineConfig
 from llmserve.edge import host
+from llmserve.planning import adapters, model_source, weights
 from llmserve.planning import memory_plan as mp
-from llmserve.planning import model_source, weights
 
 
 def app_configs(path: Path) -> list[AppConfig]:
@@ -50,7 +50,10 @@ def _prepare(config: AppConfig) -> None:
             path = model_source.resolve(m, cache, progress=True)
             print(f"{m.name}: ready at {path}")
         else:
+            path = model_source.resolve(m, cache)
             print(f"{m.name}: {src.kind} source {src.value}")
+        for a in m.lora.adapters if m.lora else []:
+            print(f"{m.name}: adapter {a.name} at {adapters.adapter_dir(m, a, path, cache)}")
 
 
 def _hf_config_path(model, cache: Path) -> Path:

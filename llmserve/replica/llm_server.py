@@ -32,7 +32,7 @@ from ray.serve.handle import DeploymentHandle
 from llmserve.config.app_config import ModelConfig, TracingConfig
 from llmserve.observability import tracing as tracing_
 from llmserve.observability.metrics import ReplicaGpuMetrics, ReplicaPrefixCacheMetrics
-from llmserve.planning import model_source
+from llmserve.planning import adapters, model_source
 from llmserve.policies import health
 from llmserve.policies.stream_flush import FlushPolicy
 from llmserve.protocol.replica_call import (
@@ -77,6 +77,7 @@ class LLMServer:
             os.nice(model.deployment.cpu_nice)  # inherited by the engine process it spawns
         # Idempotent: a no-op when the model is already prepared on this node.
         path = model_source.resolve(model, Path(cache_dir))
+        model = adapters.with_adapter_dirs(model, path, Path(cache_dir))
         self._model = model
         self._health = model.health
         self._flush = FlushPolicy(model.deployment.stream_flush_ms / 1000)

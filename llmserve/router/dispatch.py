@@ -36,7 +36,12 @@ from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, Resumable, session_of
-from llmserve.router.tenancy import estimate_prompt_tokens, model_not_found, request_terms
+from llmserve.router.tenancy import (
+    estimate_prompt_tokens,
+    may_use,
+    model_not_found,
+    request_terms,
+)
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,11 @@ class Dispatcher:
         fields = read_fields(body, self._config.http.max_n, token_fields)
         if client.path == RESPONSES_PATH:
             check_responses_body(body)
-        handle = self._handles.get(fields.model)
-        if handle is None:
-            raise model_not_found(fields.model)  # the same words as "not yours"
+        # An adapter's requests are its base model's: its engines, its queue.
         model = self._config.model(fields.model)
+        if model is None or not may_use(tenant, fields.model, self._config):
+            raise model_not_found(fields.model)  # the same words as "not yours"
+        handle = self._handles[model.name]
         terms = request_terms(
             tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
         )
@@ -123,7 +129,7 @@ class Dispatcher:
         # A refusal (429, 503) is an answer, not a crash: no traceback on the span (formatting
         # one for every 429 of a flood would take the Router's event loop).
         with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
-            ticket = await self._gate.admit(tenant, fields.model, num_tokens, terms.timeout_s)
+            ticket = await self._gate.admit(tenant, model.name, num_tokens, terms.timeout_s)
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         trail.queue_wait_s = ticket.queue_wait_s
         reply_headers = dict(ticket.rate_headers)

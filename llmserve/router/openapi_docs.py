@@ -129,10 +129,14 @@ def _referenced(node: Any, schemas: dict[str, Any], seen: set[str] | None = None
     return seen
 
 
-def models_list(names: list[str], created: int) -> dict[str, Any]:
+def models_list(served: dict[str, str], created: int) -> dict[str, Any]:
+    """`served`: name -> the model that serves it; an adapter's card names its base as `parent`
+    (vLLM's own /v1/models does the same)."""
     return {
         "object": "list",
         "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "llmserve"} for n in names
+            {"id": n, "object": "model", "created": created, "owned_by": "llmserve"}
+            | ({"parent": base} if base != n else {})
+            for n, base in served.items()
         ],
     }

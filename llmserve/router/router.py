@@ -27,6 +27,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.config.lora_config import served_names
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
 from llmserve.protocol.openai_protocol import (
@@ -50,7 +51,7 @@ from llmserve.router.request_path import (
     health_counts,
     unless_disconnected,
 )
-from llmserve.router.tenancy import TenantDirectory
+from llmserve.router.tenancy import TenantDirectory, may_use
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 0.1  # queue expiry resolution
@@ -178,7 +179,8 @@ class Router:
     async def http_models(self, request: Request) -> dict[str, Any]:
         # Keys are checked here too, and a tenant sees only the models it may use.
         tenant = self._directory.authenticate(request.headers.get("authorization"))
-        allowed = [m for m in self._handles if tenant.models is None or m in tenant.models]
+        served = served_names(self._config.models)  # name -> the model it runs on
+        allowed = {n: m for n, m in served.items() if may_use(tenant, n, self._config)}
         return openapi_docs.models_list(allowed, self._created)
 
     @app.get("/healthz")

@@ -120,6 +120,15 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
+def may_use(tenant: TenantConfig, name: str, config: AppConfig) -> bool:
+    """Whether the tenant may send `name` as its model: its `models` list (if any) names it,
+    and an adapter's `tenants` (if any) name the tenant."""
+    if tenant.models is not None and name not in tenant.models:
+        return False
+    adapter = next((a for a in config.adapters() if a.name == name), None)
+    return adapter is None or adapter.tenants is None or tenant.name in adapter.tenants
+
+
 def request_terms(
     tenant: TenantConfig,
     model: str,

@@ -28,6 +28,8 @@ CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/r
 DEFAULT = "smollm2-135m-instruct"
 TINY = "tiny-llama-random"
 INT8 = "smollm2-135m-instruct-int8"  # the default model quantized offline to INT8 W8A8
+# LoRA adapters of the tiny model: one any tenant may use, one only the "interactive" tenant.
+TINY_LORA, TINY_LORA_PRIVATE = "tiny-llama-random-lora", "tiny-llama-random-lora-private"
 MAX_BODY_BYTES = 256 * 1024
 
 
@@ -203,6 +205,18 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
                 "engine": {**engine, "max_model_len": 1024, "max_num_seqs": 8},
                 "deployment": checks,
                 "health": health,
+                "lora": {
+                    "max_lora_rank": 8,
+                    "adapters": [
+                        # Random weights, built by the replica into the model cache.
+                        {"name": TINY_LORA, "source": "random:1"},
+                        {
+                            "name": TINY_LORA_PRIVATE,
+                            "source": "random:1",
+                            "tenants": ["interactive"],
+                        },
+                    ],
+                },
             },
             {
                 "name": INT8,

@@ -9,7 +9,17 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import DEFAULT, INT8, KEYS, MAX_BODY_BYTES, TINY, engine_stats
+from tests.integration.conftest import (
+    DEFAULT,
+    INT8,
+    KEYS,
+    MAX_BODY_BYTES,
+    TINY,
+    TINY_LORA,
+    TINY_LORA_PRIVATE,
+    engine_stats,
+)
+from tests.integration.helpers import auth
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -97,7 +107,34 @@ def test_two_models_each_answer_their_own_requests(client):
     assert tiny[0].choices[0].message.content == tiny[1].choices[0].message.content
     assert "Paris" not in tiny[0].choices[0].message.content
     models = {m.id for m in client.models.list()}
-    assert models == {DEFAULT, TINY, INT8}
+    assert models == {DEFAULT, TINY, INT8, TINY_LORA, TINY_LORA_PRIVATE}
+
+
+def test_an_adapter_answers_on_its_base_models_engine_and_only_to_its_tenants(client, http):
+    """The tiny model's random LoRA adapter (conftest), loaded when its engine started."""
+    before = engine_stats(TINY).extra["num_requests_total"]
+    ask = {"messages": PARIS, "temperature": 0, "max_tokens": 20}
+    base = client.chat.completions.create(model=TINY, **ask).choices[0].message.content
+    adapted = client.chat.completions.create(model=TINY_LORA, **ask)
+    assert adapted.model == TINY_LORA
+    stream = client.chat.completions.create(model=TINY_LORA, stream=True, **ask)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert engine_stats(TINY).extra["num_requests_total"] - before == 3  # all on the base's
+    # Greedy: the adapter's answer is its own, every time, and not the base model's.
+    assert adapted.choices[0].message.content == streamed != base, (base, streamed)
+    cards = {m["id"]: m for m in http.get("/v1/models", headers=auth("interactive")).json()["data"]}
+    assert cards[TINY_LORA]["parent"] == TINY and "parent" not in cards[TINY]
+    # The private adapter names its tenant; to any other, it is as unknown as a wrong name.
+    body = {"model": TINY_LORA_PRIVATE, **ask}
+    assert http.post(CHAT, json=body, headers=auth("interactive")).status_code == 200
+    for tenant in ("batch", "tiny-only"):  # every model / the base model alone
+        r = http.post(CHAT, json=body, headers=auth(tenant))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert TINY_LORA_PRIVATE not in {
+            m["id"] for m in http.get("/v1/models", headers=auth(tenant)).json()["data"]
+        }
+    r = http.post(CHAT, json={**body, "model": "tiny-llama-random-lora-x"}, headers=auth("batch"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def _assert_openai_error(r: httpx.Response, status: int, param: str | None = None):

@@ -39,11 +39,13 @@ NOT_IN_POLICIES = {
 }
 ENGINE_ONLY = {"vllm", "torch"}
 # The serving engine, and model preparation (`llmserve prepare`: converting and quantizing
-# weights, torch imported inside the functions), which never runs on the request path.
+# weights, building test adapters, torch imported inside the functions), which never runs on
+# the request path.
 HEAVY_MODULES = {
     "llmserve.replica.engine.vllm_engine",
     "llmserve.planning.model_source",
     "llmserve.planning.quantize",
+    "llmserve.planning.adapters",
 }
 
 
