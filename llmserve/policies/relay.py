@@ -13,6 +13,10 @@ from enum import Enum
 
 MAX_ATTEMPTS = 2  # a replica that fails before any output costs one retry on another
 RECLAIM_GRACE_S = 5.0
+# Cancelling a Serve call is best effort (a cancel that lands between the replica's assignment
+# and the first read is dropped): past its deadline by this much, a request still without its
+# reply head is answered 504 whatever its replica does.
+HEAD_GRACE_S = 2.0
 
 
 class Attempt(Enum):
@@ -63,6 +67,12 @@ def past_deadline(now_s: float, deadline_s: float, expired: bool) -> bool:
     housekeeping tick already expired it (the tick runs every 100 ms, so the head can come
     first)."""
     return expired or now_s > deadline_s
+
+
+def head_wait_s(now_s: float, deadline_s: float, grace_s: float = HEAD_GRACE_S) -> float:
+    """How long a dispatched request waits for its reply head: its deadline, then the grace in
+    which the deadline's cancellation ends it the usual way."""
+    return max(0.0, deadline_s - now_s) + grace_s
 
 
 def deadline_action(

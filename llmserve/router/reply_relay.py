@@ -23,6 +23,7 @@ from llmserve.policies.relay import (
     Next,
     after_attempt,
     deadline_action,
+    head_wait_s,
     past_deadline,
     tokens_charged,
 )
@@ -82,7 +83,16 @@ class ReplyRelay:
             stream: DeploymentResponseGenerator = handle.options(**options).generate.remote(request)
             self.dispatched[ticket.entry_id] = (ticket, stream)
             try:
-                head = await self.next(stream, ticket)
+                wait_s = head_wait_s(self.gate.clock(), ticket.deadline_s)
+                head = await asyncio.wait_for(self.next(stream, ticket), wait_s)
+            except TimeoutError:
+                stream.cancel()
+                logger.warning(
+                    "request %s: no reply head %.1f s after its deadline",
+                    request.request_id,
+                    wait_s,
+                )
+                raise self._deadline_passed(ticket, "before its replica answered") from None
             except (OpenAIError, asyncio.CancelledError):
                 stream.cancel()  # the caller left or the deadline passed
                 raise
@@ -131,11 +141,9 @@ class ReplyRelay:
         if r.resumable is not None and r.resumable.progress.can_resume():
             self.gate.preemptible(r.ticket, lambda: r.rest.cancel())
 
-    def _deadline_passed(self, ticket: Ticket) -> OpenAIError:
+    def _deadline_passed(self, ticket: Ticket, when: str = "during generation") -> OpenAIError:
         self.gate.num_rejected[(ticket.model, "deadline")] += 1
-        return OpenAIError(
-            504, "the request's deadline passed during generation", code="deadline_exceeded"
-        )
+        return OpenAIError(504, f"the request's deadline passed {when}", code="deadline_exceeded")
 
     async def parts(self, r: OpenReply) -> AsyncIterator[bytes]:
         """The reply's bytes as they come; raises OpenAIError if it fails midway. A tracked

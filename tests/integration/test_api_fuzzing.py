@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import time
 from collections import Counter
 
@@ -88,6 +89,11 @@ WITHIN_LIMITS_FIELDS = set(
     echo min_tokens stop_token_ids logit_bias ignore_eos user timeout
     """.split()
 )
+# A Responses body within limits: text in, the sampling fields. Drawn from the whole schema, most
+# bodies name a tool, an input item type or a `background` run that vLLM refuses (2 of 20 served).
+RESPONSES_WITHIN_LIMITS = set(
+    "model input instructions max_output_tokens temperature top_p stream timeout user".split()
+)
 VOCAB_SIZE = 49152  # the default model's tokenizer, which tiny-llama-random reuses
 TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": VOCAB_SIZE - 1}
 WITHIN_VOCAB = {
@@ -151,7 +157,16 @@ def for_model(
         if path == RESPONSES:  # a body runs in a blink
             body["properties"]["max_output_tokens"] = _int(1, 16, nullable=False)
             body["required"].append("max_output_tokens")
-        if within_limits:
+            # A drawn deadline of microseconds is a 504 (the chat and completions runs draw
+            # those): here the bodies are to reach vLLM's Responses layer.
+            body["properties"]["timeout"] = {"type": "number", "minimum": 5, "maximum": 60}
+        if within_limits and path == RESPONSES:
+            keep = RESPONSES_WITHIN_LIMITS
+            body["properties"] = {k: v for k, v in body["properties"].items() if k in keep}
+            body["properties"]["input"] = {"type": "string", "minLength": 1, "maxLength": 200}
+            body["additionalProperties"] = False
+            body["required"] = sorted({*body["required"], "input"})
+        elif within_limits:
             for name, schema in {**DEPLOYMENT_LIMITS, **WITHIN_VOCAB}.items():
                 if name in body["properties"]:
                     body["properties"][name] = schema
@@ -192,6 +207,10 @@ def fuzz(
         max_examples=num_examples,
         deadline=None,
         database=None,
+        # The same bodies every run: a CI run that passes or fails says so of the code, not of
+        # the draw (20 drawn Responses bodies held from 3 to 17 that vLLM serves).
+        # LLMSERVE_FUZZ_RANDOM=1 draws new ones, to explore.
+        derandomize=os.environ.get("LLMSERVE_FUZZ_RANDOM") != "1",
         print_blob=True,
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
         suppress_health_check=list(HealthCheck),
@@ -257,15 +276,18 @@ def _check_responses_answer(r) -> None:
 
 def test_fuzzed_responses_bodies_get_documented_answers(openapi, base_url, http):
     """The Responses API on the real engine: bodies that break vLLM's schema and bodies that
-    keep to it (with a small `max_output_tokens`) get documented answers, never a 500."""
+    keep to it (with a small `max_output_tokens`) get documented answers, never a 500; bodies
+    within limits (text in, the sampling fields) are mostly served."""
     schema = for_model(openapi, TINY, paths=(RESPONSES,))
+    within = for_model(openapi, TINY, within_limits=True, paths=(RESPONSES,))
     runs = {
         "negative": fuzz(schema, RESPONSES, base_url, GenerationMode.NEGATIVE, 20),
         "positive": fuzz(schema, RESPONSES, base_url, GenerationMode.POSITIVE, 20),
+        "within limits": fuzz(within, RESPONSES, base_url, GenerationMode.POSITIVE, 20),
     }
     models = wait_idle(http)
     print(f"\n{RESPONSES}: statuses by run: {runs}; afterwards {models}")
-    assert runs["positive"].get(200, 0) >= 5, runs  # alone, 17 of 30 were served
+    assert runs["within limits"].get(200, 0) >= 10, runs
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])

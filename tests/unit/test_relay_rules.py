@@ -11,6 +11,7 @@ from llmserve.policies.relay import (
     Next,
     after_attempt,
     deadline_action,
+    head_wait_s,
     past_deadline,
     tokens_charged,
 )
@@ -67,6 +68,18 @@ def test_the_reclaim_grace_is_a_parameter():
 )
 def test_past_deadline(now, deadline, expired, expected):
     assert past_deadline(now, deadline, expired) is expected
+
+
+@pytest.mark.parametrize(
+    "now, deadline, expected",
+    [
+        (100.0, 110.0, 12.0),  # its time left, then the grace
+        (100.0, 100.0, 2.0),
+        (100.0, 90.0, 2.0),  # already past: the grace alone, never a negative wait
+    ],
+)
+def test_head_wait_is_the_time_left_then_the_grace(now, deadline, expected):
+    assert head_wait_s(now, deadline) == expected
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,39 @@ def test_a_whole_answer_that_came_just_late_is_still_given():
     assert head.status == 200 and not stream.cancelled
 
 
+class LostCancelStream(FakeStream):
+    """A reply that never comes and a cancel that does not reach it (Serve's cancel is best
+    effort)."""
+
+    async def __anext__(self):
+        await asyncio.Event().wait()
+
+
+def test_a_reply_head_that_never_comes_is_a_504_soon_after_the_deadline(monkeypatch):
+    from llmserve.router import reply_relay
+
+    grace_s = 0.05
+    real = reply_relay.head_wait_s
+    monkeypatch.setattr(reply_relay, "head_wait_s", lambda now, dl: real(now, dl, grace_s))
+    stream = LostCancelStream([])
+    relay = ReplyRelay(SimpleNamespace(num_rejected=Counter(), clock=lambda: 100.0))
+    request = ReplicaRequest("r1", "/v1/chat/completions", b"{}")
+
+    async def go():
+        return await relay.dispatch(FakeHandle(stream), request, ticket(100.1), "")
+
+    loop = asyncio.new_event_loop()
+    t0 = loop.time()
+    with pytest.raises(OpenAIError) as e:
+        loop.run_until_complete(go())
+    waited_s = loop.time() - t0
+    loop.close()
+    assert (e.value.status, e.value.code) == (504, "deadline_exceeded"), e.value
+    assert 0.1 <= waited_s < 1.0, waited_s  # the deadline, then the grace; not forever
+    assert stream.cancelled
+    assert relay.gate.num_rejected[("m", "deadline")] == 1
+
+
 # -- a tracked stream whose replica or engine dies mid-stream resumes on another ------------
 
 START = StreamStart("chatcmpl-1", 17, (1, 2))
