@@ -303,13 +303,31 @@ class AppConfig(Strict):
         raw = self.model_cache_dir or os.environ.get("LLMSERVE_MODEL_CACHE")
         return Path(raw).expanduser() if raw else Path.home() / ".cache" / "llmserve" / "models"
 
+    def served(self) -> dict[str, Served]:
+        """Every name a client may send as `model` -> what serves it. Built once by its
+        callers (the Router's), not per request."""
+        by_name = {m.name: m for m in self.models}
+        adapters = {a.name: a for a in self.adapters()}
+        return {
+            name: Served(by_name[base], adapters.get(name))
+            for name, base in served_names(self.models).items()
+        }
+
     def model(self, name: str) -> ModelConfig | None:
         """The model that serves `name`: a model's own name or one of its adapters'."""
-        base = served_names(self.models).get(name)
-        return next((m for m in self.models if m.name == base), None)
+        served = self.served().get(name)
+        return None if served is None else served.model
 
     def adapters(self) -> list[AdapterConfig]:
         return [a for m in self.models for a in (m.lora.adapters if m.lora else [])]
+
+
+@dataclass(frozen=True)
+class Served:
+    """What runs a `model` name a client sends: a model, and the adapter where it names one."""
+
+    model: ModelConfig
+    adapter: AdapterConfig | None = None
 
 
 def default_model_config() -> ModelConfig:

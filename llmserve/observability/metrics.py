@@ -211,12 +211,51 @@ class ReplicaPrefixCacheMetrics:
         self._last = (queries, hits)
 
 
+class ReplicaAdapterMetrics:
+    """Which LoRA adapters one replica's engine holds, and how often that changed: an adapter
+    seen held where it was not is a load (at start, or on demand for a request), one seen gone
+    an eviction (vLLM's LRU, `max_cpu_loras`). Seen once per watchdog tick (a second): a load
+    and its eviction between two looks count as neither."""
+
+    def __init__(self, model: str) -> None:
+        self._model = model
+        tags = ("model", "adapter")
+        self.loads = Counter(
+            "llmserve_adapter_loads",
+            description="LoRA adapters loaded into the replica's engine.",
+            tag_keys=tags,
+        )
+        self.evictions = Counter(
+            "llmserve_adapter_evictions",
+            description="LoRA adapters the replica's engine let go (LRU, max_cpu_loras).",
+            tag_keys=tags,
+        )
+        self.held = Gauge(
+            "llmserve_adapter_held",
+            description="1 while the replica's engine holds the LoRA adapter, else 0.",
+            tag_keys=tags,
+        )
+        self._last: frozenset[str] = frozenset()
+
+    def export(self, held: frozenset[str]) -> None:
+        for adapter in held - self._last:
+            tags = {"model": self._model, "adapter": adapter}
+            self.loads.inc(1, tags=tags)
+            self.held.set(1, tags=tags)
+        for adapter in self._last - held:
+            tags = {"model": self._model, "adapter": adapter}
+            self.evictions.inc(1, tags=tags)
+            self.held.set(0, tags=tags)
+        self._last = held
+
+
 def routing_decisions() -> Counter:
     """Replica choices by reason, counted by the request router
     (llmserve/request_router/request_router.py) in the Router's process."""
     return Counter(
         "llmserve_routing_decisions",
-        description="Replica choices by reason: prefix (cache credit won), load (cache known, "
-        "load won), p2c, affinity, only.",
+        description="Replica choices by reason: prefix (cache credit won), adapter (the "
+        "engine holding the LoRA adapter won), load (cache or adapter known, load won), p2c, "
+        "affinity, only.",
         tag_keys=("model", "reason"),
     )

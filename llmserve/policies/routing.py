@@ -13,6 +13,11 @@ cache (llmserve/policies/prefix_cache.py) scores lower by `prefix_weight` times 
 prompt's blocks it holds, so a conversation's next turn goes where its history is cached. The
 credit is bounded by load: a replica whose score is more than `prefix_load_margin` above the
 least loaded one gets none, so a hot prefix spreads instead of piling onto one queue.
+
+A request for a LoRA adapter weighs the same way which replicas' engines hold the adapter (from
+their stats): a holder scores lower by `adapter_weight`, within `adapter_load_margin` of the least
+loaded replica. Past that margin the request goes by load and its engine loads the adapter on
+demand, so a hot adapter spreads over more replicas.
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class ScoreWeights(Params):
     prefix_weight: Weight = 8.0
     # No cache credit for a replica scoring more than this above the least loaded one.
     prefix_load_margin: Weight = 8.0
+    # An engine holding the request's LoRA adapter (no load from disk, no eviction) is worth
+    # this many queued requests there...
+    adapter_weight: Weight = 4.0
+    # ...unless it scores more than this above the least loaded replica: then the adapter is
+    # loaded where the load is lower.
+    adapter_load_margin: Weight = 4.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,8 @@ class Choice:
     replica_id: str
     # (replica_id, score) of the candidates compared, for the debug log and x-replica header.
     candidates: tuple[tuple[str, float], ...]
-    reason: str  # "only", "affinity", "p2c"; with prefix data: "prefix" or "load"
+    # "only", "affinity", "p2c"; with prefix or adapter data: "prefix", "adapter" or "load"
+    reason: str
     # (replica_id, cached blocks of the prompt) of the winner and the runner-up, with prefix data.
     cached_blocks: tuple[tuple[str, int], ...] = ()
 
@@ -85,19 +97,26 @@ def choose(
     affinity_replica_id: str | None = None,
     cached_blocks: dict[str, int] | None = None,
     num_prompt_blocks: int = 0,
+    adapter_holders: frozenset[str] | None = None,
 ) -> Choice | None:
     """The replica for one request, or None when no replica is healthy.
 
     `cached_blocks`: per replica id, how many of the prompt's `num_prompt_blocks` full blocks it
-    holds from the start; None or all zero routes by load alone."""
+    holds from the start; None or all zero routes by load alone. `adapter_holders`: for a
+    request naming a LoRA adapter, the replicas whose engines hold it (None: no adapter)."""
     healthy = [r for r in loads if r.healthy]
     if not healthy:
         return None
-    if cached_blocks and num_prompt_blocks > 0 and len(healthy) > 1:
-        if any(cached_blocks.get(r.replica_id, 0) for r in healthy):
-            return _by_prefix(
-                healthy, rng, weights, affinity_replica_id, cached_blocks, num_prompt_blocks
-            )
+    if len(healthy) > 1:
+        ids = {r.replica_id for r in healthy}
+        blocks = cached_blocks if cached_blocks and num_prompt_blocks > 0 else {}
+        if not any(blocks.get(i, 0) for i in ids):
+            blocks = {}
+        # An adapter held by every healthy replica, or by none, tells them apart no more.
+        holders = (adapter_holders or frozenset()) & ids
+        if blocks or (holders and holders != ids):
+            cache = Cache(blocks, num_prompt_blocks if blocks else 0, frozenset(holders))
+            return _by_cache(healthy, rng, weights, affinity_replica_id, cache)
     if affinity_replica_id is not None:
         sticky = next((r for r in healthy if r.replica_id == affinity_replica_id), None)
         if sticky is not None:
@@ -116,35 +135,56 @@ def choose(
     return Choice(winner.replica_id, ((a.replica_id, sa), (b.replica_id, sb)), "p2c")
 
 
-def _by_prefix(
+@dataclass(frozen=True)
+class Cache:
+    """What the replicas hold of one request: its prompt's blocks, its adapter."""
+
+    cached_blocks: dict[str, int]  # replica id -> the prompt's leading blocks it holds
+    num_prompt_blocks: int
+    adapter_holders: frozenset[str]  # replicas whose engines hold the request's adapter
+
+
+def _by_cache(
     healthy: list[ReplicaLoad],
     rng: random.Random,
     w: ScoreWeights,
     affinity_replica_id: str | None,
-    cached_blocks: dict[str, int],
-    num_prompt_blocks: int,
+    cache: Cache,
 ) -> Choice:
     # Every candidate, not two at random: the stats are local, and the one holding the prefix
-    # must be among those compared.
+    # or the adapter must be among those compared.
     loads = {r.replica_id: score(r, w) for r in healthy}
     least = min(loads.values())
 
-    def effective(rid: str) -> float:
-        if loads[rid] > least + w.prefix_load_margin:
-            return loads[rid]
-        return loads[rid] - w.prefix_weight * cached_blocks.get(rid, 0) / num_prompt_blocks
+    def prefix_credit(rid: str) -> float:
+        if not cache.num_prompt_blocks or loads[rid] > least + w.prefix_load_margin:
+            return 0.0
+        return w.prefix_weight * cache.cached_blocks.get(rid, 0) / cache.num_prompt_blocks
+
+    def adapter_credit(rid: str) -> float:
+        held = rid in cache.adapter_holders and loads[rid] <= least + w.adapter_load_margin
+        return w.adapter_weight if held else 0.0
 
     ranked = sorted(
         loads,
         # Ties: the session's replica, then a coin (rng), so equal replicas share the load.
-        key=lambda rid: (effective(rid), rid != affinity_replica_id, rng.random()),
+        key=lambda rid: (
+            loads[rid] - prefix_credit(rid) - adapter_credit(rid),
+            rid != affinity_replica_id,
+            rng.random(),
+        ),
     )
     winner, runner_up = ranked[0], ranked[1]
-    cached = cached_blocks.get(winner, 0)
-    credited = cached > 0 and loads[winner] <= least + w.prefix_load_margin
+    if prefix_credit(winner) > 0:
+        reason = "prefix"
+    elif adapter_credit(winner) > 0:
+        reason = "adapter"
+    else:
+        reason = "load"
+    blocks = cache.cached_blocks
     return Choice(
         winner,
         ((winner, loads[winner]), (runner_up, loads[runner_up])),
-        "prefix" if credited else "load",
-        ((winner, cached), (runner_up, cached_blocks.get(runner_up, 0))),
+        reason,
+        ((winner, blocks.get(winner, 0)), (runner_up, blocks.get(runner_up, 0))) if blocks else (),
     )

@@ -52,6 +52,7 @@ class ReplicaRequest:
     # Send the token ids with the reply (ReplyPart): the Router may resume this stream.
     track_tokens: bool = False
     resume: Resume | None = None  # continue this answer from where a dead replica left it
+    adapter: str | None = None  # the LoRA adapter the request names: routed to its holders
 
 
 # Token ids on the hot path, as vLLM wrote them: decimal, comma-separated (b"12,345"), b"" for
@@ -225,6 +226,7 @@ class RoutingStats:
     healthy: bool = True  # a replica is healthy until it says otherwise
     timestamp_s: float | None = None  # the replica's time.time() when it reported
     cached_blocks: PackedBlocks | None = None  # None: the engine does not report its cache
+    adapters: tuple[str, ...] | None = None  # LoRA adapters its engine holds; None: no LoRA
 
     def age_s(self, now_s: float) -> float | None:
         """Seconds since the report (0 for a clock ahead of ours); None without a stamp."""
@@ -235,6 +237,9 @@ class RoutingStats:
         blocks = d.pop("cached_blocks")
         if blocks is not None:  # absent rather than None, as an engine without a cache sends
             d["cached_blocks"] = blocks.to_stats()
+        adapters = d.pop("adapters")
+        if adapters is not None:  # absent, as an engine without LoRA (or an older one) sends
+            d["adapters"] = list(adapters)
         return d
 
     @classmethod
@@ -242,6 +247,8 @@ class RoutingStats:
         known = _known(cls, d)
         if known.get("cached_blocks") is not None:
             known["cached_blocks"] = PackedBlocks.from_stats(known["cached_blocks"])
+        if known.get("adapters") is not None:
+            known["adapters"] = tuple(known["adapters"])
         return cls(**known)
 
 

@@ -31,7 +31,11 @@ from ray.serve.handle import DeploymentHandle
 
 from llmserve.config.app_config import ModelConfig, TracingConfig
 from llmserve.observability import tracing as tracing_
-from llmserve.observability.metrics import ReplicaGpuMetrics, ReplicaPrefixCacheMetrics
+from llmserve.observability.metrics import (
+    ReplicaAdapterMetrics,
+    ReplicaGpuMetrics,
+    ReplicaPrefixCacheMetrics,
+)
 from llmserve.planning import adapters, model_source
 from llmserve.policies import health
 from llmserve.policies.stream_flush import FlushPolicy
@@ -56,6 +60,7 @@ from llmserve.replica.stored_turns import StoredTurns
 
 logger = logging.getLogger("ray.serve")
 GPU_EXPORT_EVERY_TICKS = 5
+ADAPTER_LOOK_TIMEOUT_S = 1.0  # the engine core answers between two steps
 
 
 @serve.deployment
@@ -87,6 +92,8 @@ class LLMServer:
         self._num_probing = 0  # health probes in the engine, kept out of the reported stats
         self._replica_id = _replica_id()
         self._packed: PackedBlocks | None = None  # the engine's blocks, as last reported
+        # The LoRA adapters its engine holds, as of the watchdog's last look (None: no LoRA).
+        self._adapters: frozenset[str] | None = None
         self._engine: Engine
         if path == "simulated":
             from llmserve.replica.engine.sim_engine import SimEngine
@@ -100,6 +107,7 @@ class LLMServer:
         await self._engine.start()
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._cache_metrics = ReplicaPrefixCacheMetrics(model.name)
+        self._adapter_metrics = ReplicaAdapterMetrics(model.name)
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_engine())
         self._responses = (
             StoredTurns(self._engine, response_store)
@@ -251,6 +259,7 @@ class LLMServer:
             ticks += 1
             if ticks % GPU_EXPORT_EVERY_TICKS == 1:
                 self._gpu_metrics.export(await asyncio.to_thread(read_gpus))
+            await self._look_at_adapters()
             extra = self._engine.stats().extra
             if "prefix_cache_queries" in extra:
                 self._cache_metrics.export(
@@ -272,6 +281,16 @@ class LLMServer:
                 self._unhealthy_reason = v.hung_reason
                 logger.error("engine of %s hangs: %s", self._model.name, self._unhealthy_reason)
 
+    async def _look_at_adapters(self) -> None:
+        try:
+            held = await asyncio.wait_for(self._engine.loaded_adapters(), ADAPTER_LOOK_TIMEOUT_S)
+        except Exception as e:  # a busy or dying engine: keep the last look, the watchdog acts
+            logger.debug("no adapter list from the engine of %s: %r", self._replica_id, e)
+            return
+        if held is not None:
+            self._adapter_metrics.export(held)
+        self._adapters = held
+
     async def record_routing_stats(self) -> dict[str, Any]:
         s = self._client_stats()
         cached = self._engine.cached_blocks()
@@ -284,6 +303,7 @@ class LLMServer:
             healthy=s.healthy and self._unhealthy_reason is None,
             timestamp_s=time.time(),
             cached_blocks=None if cached is None else self._packed,
+            adapters=None if self._adapters is None else tuple(sorted(self._adapters)),
         ).to_stats()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:

@@ -1,9 +1,10 @@
 """Ray Serve request routers for the LLMServer deployments (Ray's RequestRouterConfig hook).
 
 `LLMAwareRequestRouter` gathers each replica's load (its published routing stats plus this
-router's own in-flight count) and, with prefix-aware routing, how much of the request's prompt
-each replica's KV cache holds (the engine's block set from its routing stats, the prompt's block
-hashes from the model's tokenizer), and asks the pure policy in llmserve/policies/routing.py
+router's own in-flight count), with prefix-aware routing how much of the request's prompt each
+replica's KV cache holds (the engine's block set from its routing stats, the prompt's block
+hashes from the model's tokenizer), and for a request naming a LoRA adapter which replicas'
+engines hold it (their routing stats), and asks the pure policy in llmserve/policies/routing.py
 for a replica. Each decision is counted by reason and noted for the Router (route_notes.py):
 the trace span and the debug header say why.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
@@ -99,7 +100,14 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]
         session = self._session_of(pending_request)
-        keys = await self._prompt_keys(candidate_replicas, pending_request)
+        holders = _adapter_holders(candidate_replicas, pending_request)
+        # vLLM keys an adapter's blocks by the adapter too: the prompt's base-model hashes
+        # would credit blocks it cannot use.
+        keys = (
+            None
+            if holders is not None
+            else await self._prompt_keys(candidate_replicas, pending_request)
+        )
         cached = None
         if keys:
             cached = {
@@ -107,13 +115,19 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
                 for uid in by_id  # the index holds only what _prompt_keys refreshed
             }
         choice = choose(
-            loads, self._rng, self._weights, self._sessions.get(session), cached, len(keys or ())
+            loads,
+            self._rng,
+            self._weights,
+            self._sessions.get(session),
+            cached,
+            len(keys or ()),
+            holders,
         )
         if choice is None:
             return []
         if keys:
             self._index.routed(choice.replica_id, keys, now_s)
-        self._note(choice, pending_request)
+        self._note(choice, pending_request, holders)
         if logger.isEnabledFor(logging.DEBUG):
             request_id = pending_request.metadata.request_id if pending_request else "-"
             logger.debug(
@@ -185,10 +199,16 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
                 logger.warning("prefix-aware routing waits for a tokenizer: %s", e)
         return self._tokens
 
-    def _note(self, choice: Choice, pending_request: PendingRequest | None) -> None:
+    def _note(
+        self,
+        choice: Choice,
+        pending_request: PendingRequest | None,
+        holders: frozenset[str] | None,
+    ) -> None:
         request_id = _request_id(pending_request)
         if request_id is not None:
-            route_notes.put(request_id, route_notes.RouteNote.of(choice, self._block_tokens))
+            note = route_notes.RouteNote.of(choice, self._block_tokens, holders)
+            route_notes.put(request_id, note)
 
     def _session_of(self, pending_request: PendingRequest | None) -> str:
         if not self._session_affinity or pending_request is None:
@@ -220,6 +240,22 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         super().on_replica_actor_died(replica_id)
         self._index.drop(replica_id.unique_id)
         self._in_flight.forget(replica_id)
+
+
+def _adapter_holders(
+    candidates: list[RunningReplica], pending_request: PendingRequest | None
+) -> frozenset[str] | None:
+    """For a request naming a LoRA adapter, the candidates whose engines hold it (their last
+    stats); None for a request for the base model."""
+    args = getattr(pending_request, "args", None) or ()
+    adapter = getattr(args[0], "adapter", None) if args else None
+    if adapter is None:
+        return None
+    return frozenset(
+        r.replica_id.unique_id
+        for r in candidates
+        if adapter in (RoutingStats.from_stats(r.routing_stats).adapters or ())
+    )
 
 
 def _request_id(pending_request: PendingRequest | None) -> str | None:

@@ -26,9 +26,14 @@ class RouteNote:
     runner_up: str = ""
     runner_up_load: float = 0.0
     runner_up_cached_tokens: int = 0
+    # For a request naming a LoRA adapter: whether the chosen engine held it (else it loads it
+    # first); None for a request for the base model.
+    adapter_held: bool | None = None
 
     @classmethod
-    def of(cls, choice: Choice, block_tokens: int) -> RouteNote:
+    def of(
+        cls, choice: Choice, block_tokens: int, adapter_holders: frozenset[str] | None = None
+    ) -> RouteNote:
         cached = dict(choice.cached_blocks)
         winner = choice.replica_id
         others = [(r, s) for r, s in choice.candidates if r != winner]
@@ -41,14 +46,18 @@ class RouteNote:
             runner_up,
             runner_up_load,
             cached.get(runner_up, 0) * block_tokens,
+            None if adapter_holders is None else winner in adapter_holders,
         )
 
-    def attributes(self) -> dict[str, str | float | int]:
-        return {f"llmserve.route.{k}": v for k, v in self.__dict__.items()}
+    def _fields(self) -> dict[str, str | float | int | bool]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    def attributes(self) -> dict[str, str | float | int | bool]:
+        return {f"llmserve.route.{k}": v for k, v in self._fields().items()}
 
     def header(self) -> str:
         return "; ".join(
-            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.__dict__.items()
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self._fields().items()
         )
 
 

@@ -67,6 +67,7 @@ class Admitted:
     ticket: Ticket
     token_fields: tuple[str, ...]  # where the request asks for its most tokens
     reply_headers: dict[str, str]
+    adapter: str | None = None  # the LoRA adapter the request names (`model`), served by `model`
 
 
 class Dispatcher:
@@ -81,6 +82,7 @@ class Dispatcher:
         metrics: RouterMetrics,
     ) -> None:
         self._config = config
+        self._served = config.served()  # `model` name -> its model and adapter
         self._handles = handles
         self._gate = gate
         self._relay = relay
@@ -115,9 +117,10 @@ class Dispatcher:
         if client.path == RESPONSES_PATH:
             check_responses_body(body)
         # An adapter's requests are its base model's: its engines, its queue.
-        model = self._config.model(fields.model)
-        if model is None or not may_use(tenant, fields.model, self._config):
+        served = self._served.get(fields.model)
+        if served is None or not may_use(tenant, fields.model, served.adapter):
             raise model_not_found(fields.model)  # the same words as "not yours"
+        model = served.model
         handle = self._handles[model.name]
         terms = request_terms(
             tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
@@ -137,7 +140,8 @@ class Dispatcher:
             reply_headers["x-max-tokens-clamped"] = (
                 f"{terms.max_tokens_clamped_from}->{terms.max_tokens}"
             )
-        return Admitted(model, handle, ticket, token_fields, reply_headers)
+        adapter = None if served.adapter is None else served.adapter.name
+        return Admitted(model, handle, ticket, token_fields, reply_headers, adapter)
 
     def _replica_request(
         self, client: ClientRequest, admitted: Admitted, trace_headers: tuple[tuple[str, str], ...]
@@ -176,6 +180,7 @@ class Dispatcher:
                 ),
             ),
             track_tokens=track,
+            adapter=admitted.adapter,
         )
 
     async def _forward(
@@ -192,6 +197,8 @@ class Dispatcher:
                 admitted.handle, request, admitted.ticket, session
             )
             span.set_attribute("llmserve.replica", head.replica_id)
+            if admitted.adapter is not None:
+                span.set_attribute("llmserve.adapter", admitted.adapter)
             route = route_notes.take(client.request_id)
             if route is not None:
                 span.set_attributes(route.attributes())

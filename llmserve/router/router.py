@@ -27,7 +27,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from llmserve.config.app_config import AppConfig, TenantConfig
-from llmserve.config.lora_config import served_names
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
 from llmserve.protocol.openai_protocol import (
@@ -179,8 +178,11 @@ class Router:
     async def http_models(self, request: Request) -> dict[str, Any]:
         # Keys are checked here too, and a tenant sees only the models it may use.
         tenant = self._directory.authenticate(request.headers.get("authorization"))
-        served = served_names(self._config.models)  # name -> the model it runs on
-        allowed = {n: m for n, m in served.items() if may_use(tenant, n, self._config)}
+        allowed = {
+            name: s.model.name
+            for name, s in self._config.served().items()
+            if may_use(tenant, name, s.adapter)
+        }
         return openapi_docs.models_list(allowed, self._created)
 
     @app.get("/healthz")

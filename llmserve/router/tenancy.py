@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmserve.config.app_config import AppConfig, TenantConfig, key_digest
+from llmserve.config.lora_config import AdapterConfig
 from llmserve.protocol.openai_protocol import OpenAIError
 
 
@@ -120,12 +121,11 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def may_use(tenant: TenantConfig, name: str, config: AppConfig) -> bool:
+def may_use(tenant: TenantConfig, name: str, adapter: AdapterConfig | None) -> bool:
     """Whether the tenant may send `name` as its model: its `models` list (if any) names it,
-    and an adapter's `tenants` (if any) name the tenant."""
+    and where `name` is an adapter's, the adapter's `tenants` (if any) name the tenant."""
     if tenant.models is not None and name not in tenant.models:
         return False
-    adapter = next((a for a in config.adapters() if a.name == name), None)
     return adapter is None or adapter.tenants is None or tenant.name in adapter.tenants
 
 

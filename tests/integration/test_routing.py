@@ -27,6 +27,8 @@ pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
 
 PREFIX = "/routing"
 NAME = "tiny-pair"
+# Two adapters and room for one in each engine (max_cpu_loras 1): the engines hold different ones.
+ADAPTERS = ("pair-lora-a", "pair-lora-b")
 POLICIES = ("round_robin", "llm_aware")
 
 
@@ -55,6 +57,15 @@ def routing_app(model_dirs) -> dict:
                 # one on a loaded CI host still answers its one-token probe; an idle engine is
                 # probed every 10 s (the default's 60 s would only slow the hang test down).
                 "health": {"probe_timeout_s": 10, "hang_timeout_s": 20, "idle_probe_period_s": 10},
+                "lora": {
+                    "max_lora_rank": 8,
+                    "max_loras": 1,
+                    "max_cpu_loras": 1,
+                    "adapters": [
+                        {"name": name, "source": f"random:{seed}"}
+                        for seed, name in enumerate(ADAPTERS, start=1)
+                    ],
+                },
             }
         ],
     }
@@ -168,6 +179,35 @@ def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
     # Of 16: round-robin puts all 16 on one replica, and a coin per request more than 10 one
     # time in four; the LLM-aware router sees the long ones running and splits them evenly.
     assert max(longs.values()) <= 10, longs
+
+
+def test_a_request_for_an_adapter_goes_where_its_engine_holds_it(url):
+    """Each engine holds one adapter at a time. The first request for adapter A loads it on one
+    replica (the other still holds B, the last one both loaded at start); from then on, once the
+    replicas have reported what they hold, A's requests go to A's replica and B's to B's: no
+    adapter loaded twice, none evicted. With `adapter_weight` 0 both adapters ping-pong
+    between the replicas."""
+    a, b = ADAPTERS
+    with httpx.Client(base_url=url, timeout=CALL_TIMEOUT_S) as c:
+
+        def complete(model: str) -> httpx.Response:
+            body = {"model": model, "prompt": "Hello", "max_tokens": 2}
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r
+
+        first = complete(a).headers["x-replica"]
+        time.sleep(4 * 0.5 + 2.0)  # two stats periods and the watchdog's second look
+        went: dict[str, set[str]] = {a: set(), b: set()}
+        for i in range(8):
+            model = ADAPTERS[i % 2]
+            r = complete(model)
+            went[model].add(r.headers["x-replica"])
+            route = r.headers["x-route"]
+            assert "reason=adapter" in route and "adapter_held=True" in route, (model, route)
+    print(f"\nadapter A first loaded on {first}; replicas by adapter afterwards: {went}")
+    assert went[a] == {first}, went
+    assert len(went[b]) == 1 and went[b] != went[a], went
 
 
 def _leave_after(url: str, body: dict, after_s: float, split: bool) -> None:

@@ -100,7 +100,7 @@ def test_a_tenant_may_list_an_adapter_and_an_unknown_name_is_refused():
 def test_who_may_use_an_adapter(tenant, name, allowed):
     c = config()
     t = next(t for t in c.tenants if t.name == tenant)
-    assert may_use(t, name, c) is allowed
+    assert may_use(t, name, c.served()[name].adapter) is allowed
 
 
 def test_the_engine_loads_every_adapter_at_start_with_the_limits():

@@ -78,6 +78,21 @@ async def test_prompt_is_hashed_once_per_request():
     assert Tokens.calls == 1
 
 
+async def test_a_request_for_an_adapter_gets_no_credit_for_the_base_models_blocks():
+    """vLLM keys an adapter's blocks by the adapter: the base model's cached prompt is no use to
+    it, so the prompt is not hashed and only the adapter's holder is credited."""
+    r = router()
+    candidates = [replica("warm", PROMPT), replica("cold")]
+    candidates[1].routing_stats["adapters"] = ["sql-lora"]
+    Tokens.calls = 0
+    p = pending(PROMPT, 7)
+    p.args = (ReplicaRequest("req-7", CHAT_PATH, body(PROMPT), adapter="sql-lora"),)
+    ranks = await r.choose_replicas(candidates, p)
+    assert ranks[0][0].uid == "cold" and Tokens.calls == 0
+    note = route_notes.take("req-7")
+    assert (note.reason, note.adapter_held, note.cached_tokens) == ("adapter", True, 0)
+
+
 async def test_loaded_holder_loses_its_credit():
     r = router(weights={"prefix_load_margin": 2.0})
     candidates = [replica("idle"), replica("warm", PROMPT, num_waiting=6)]

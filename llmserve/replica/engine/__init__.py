@@ -35,6 +35,10 @@ class Engine(Protocol):
         """The blocks its prefix cache holds, or None when it does not say (prefix-aware
         routing then weighs load alone)."""
 
+    async def loaded_adapters(self) -> frozenset[str] | None:
+        """The LoRA adapters its engine holds in memory now, by name (a request for another
+        loads it first); None for an engine without LoRA."""
+
     async def check_health(self) -> None:
         """Raises when the engine is dead."""
 

@@ -206,6 +206,9 @@ class SimEngine:
 
     # -------------------------------------------------------------------------------- the seam
 
+    async def loaded_adapters(self) -> None:
+        return None  # a simulated model has no adapters (llmserve/config/app_config.py)
+
     def cached_blocks(self) -> None:
         return None  # no prefix cache simulated: prefix-aware routing weighs load alone
 

@@ -255,6 +255,18 @@ class VLLMEngine:
             self._cached = CachedBlocks(version, self._block_size, seed, keys)
         return self._cached
 
+    async def loaded_adapters(self) -> frozenset[str] | None:
+        if self._engine is None or self._model.lora is None:
+            return None
+        # vLLM's serving layer names each adapter it registered (--lora-modules) by its int id;
+        # the engine core lists the ids its LRU holds (--max-cpu-loras).
+        by_id = {
+            r.lora_int_id: name
+            for name, r in self.app.state.openai_serving_models.lora_requests.items()
+        }
+        held = await self._engine.list_loras()
+        return frozenset(by_id[i] for i in held if i in by_id)
+
     def _engine_pid(self) -> int | None:
         # The EngineCore process: what dies in a crash, and what the chaos tests kill.
         manager = getattr(
