@@ -28,16 +28,13 @@ starved.
 
 Reserved slots: requests of the capped class (base priority >= `capped_priority`, batch by
 default) hold at most `batch_max_share` of the engines' slots (`engine_slots`: the sequences
-the model's engines run at once, at least one). Of the engines' slots, not of the capacity:
-the capacity is larger than the engines' slots on purpose (their own waiting line refills a
-finished sequence's slot at the next step), and a share of it (0.75 x 1.5 x max_num_seqs) let
-batch fill every engine slot. Then an interactive request waits in the engine's line for a
-batch sequence to finish (with synchronized batch clients, a whole generation): vLLM's
-priority scheduling only orders its waiting line, it does not stop running sequences to make
-room. With the cap, batch never holds the engines' last slots, and never waits in their line.
-At share 1 (no reservation) the class may hold the whole capacity. Invariant after every
-call: every queued entry that could start has started, so a newcomer admitted at once
-overtakes only capped entries held back by their cap.
+the model's engines run at once, at least one), not of the capacity, which is larger on
+purpose (the engines' own waiting line refills a finished sequence's slot at the next step).
+vLLM's priority scheduling only orders its waiting line and never stops a running sequence:
+without the cap an interactive request would wait for a batch sequence to finish. At share 1
+(no reservation) the class may hold the whole capacity. Invariant after every call: every
+queued entry that could start has started, so a newcomer admitted at once overtakes only
+capped entries held back by their cap. How long an entry would wait: wait_estimate.py.
 """
 
 from __future__ import annotations
@@ -49,14 +46,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from llmserve.policies import wait_estimate
+
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
 
 # queue_wait: refused on arrival because its expected wait already exceeds its wait bound.
 RejectReason = Literal["queue_full", "queue_timeout", "queue_wait"]
-
-# Weight of the newest completion in the mean service time behind retry_after_s: it
-# follows load changes within tens of requests, and one runaway request barely moves it.
-_SERVICE_TIME_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)
@@ -82,10 +77,8 @@ class Reject:
 @dataclass(frozen=True)
 class Queue:
     """This request waits; a later `release`/`set_capacity` starts it or `poll` expires it.
-
-    `displaced`: a queue that is full makes room for a more urgent newcomer by rejecting
-    its least urgent, newest entry, which the caller must answer as well.
-    """
+    `displaced`: the least urgent, newest entry of a full queue, rejected to make room for this
+    more urgent one; the caller answers it too."""
 
     entry_id: str
     displaced: Reject | None = None
@@ -120,10 +113,9 @@ class AdmissionPolicy:
         engine_slots: int | None = None,
         ttft_objective_s_by_level: Mapping[int, float] | None = None,
     ) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
-        if max_queue_len < 0:
-            raise ValueError(f"max_queue_len must be >= 0, got {max_queue_len}")
+        for name, n in (("capacity", capacity), ("max_queue_len", max_queue_len)):
+            if n < 0:
+                raise ValueError(f"{name} must be >= 0, got {n}")
         by_level = dict(max_queue_wait_s_by_level or {})
         for name, bound in [("max_queue_wait_s", max_queue_wait_s), *by_level.items()]:
             if not (bound > 0 and math.isfinite(bound)):
@@ -263,10 +255,7 @@ class AdmissionPolicy:
         self._in_flight_capped.discard(entry_id)
         self._preemptible.pop(entry_id, None)
         service_s = max(0.0, now_s - admitted_s)
-        if self._mean_service_s is None:
-            self._mean_service_s = service_s
-        else:
-            self._mean_service_s += _SERVICE_TIME_WEIGHT * (service_s - self._mean_service_s)
+        self._mean_service_s = wait_estimate.mean_service_s(self._mean_service_s, service_s)
         return self._start_queued(now_s)
 
     def set_capacity(
@@ -378,10 +367,9 @@ class AdmissionPolicy:
         return started
 
     def _expected_wait_s(self, entry: _Entry, now_s: float) -> float | None:
-        """Seconds until `entry` would start: the entries ahead of it, worked off at the
-        observed service rate (a capped entry: those of its class, on its share of the
-        slots). None until a completion has been seen."""
-        if self._mean_service_s is None or self._capacity == 0:
+        """Seconds until `entry` would start (a capped entry: behind those of its class, on its
+        share of the slots)."""
+        if self._capacity == 0:
             return None
         key, capped = self._key(entry, now_s), self._is_capped(entry.priority)
         ahead = sum(
@@ -390,35 +378,23 @@ class AdmissionPolicy:
             if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority))
         )
         slots = self.capped_limit if capped else self._capacity
-        return (ahead + 1) * self._mean_service_s / slots
+        return wait_estimate.queue_wait_s(ahead, self._mean_service_s, slots)
 
     def _expected_engine_wait_s(self, entry: _Entry, now_s: float) -> float | None:
-        """Seconds until `entry` would have an engine slot, for a class with a first-token
-        promise: the queued entries ahead of it and the admitted ones still in the engines'
-        waiting line (in flight beyond the engines' slots) go first, one engine slot freeing
-        every mean service time / slots. 0 while a slot is free for it; None until a
-        completion has been seen or where the engines' slots are unknown (the queue's own
-        bound then applies alone)."""
-        if self._mean_service_s is None or not self._engine_slots:
-            return None
-        slots = min(self._capacity, self._engine_slots)
-        if slots == 0:
+        """Seconds until `entry` would have an engine slot (a class with a first-token promise);
+        None where the engines' slots are unknown: the queue's own bound then applies alone."""
+        if not self._engine_slots:
             return None
         key = self._key(entry, now_s)
         ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
-        in_line = max(0, len(self._in_flight) - slots)
-        if ahead + in_line == 0 and len(self._in_flight) < slots:
-            return 0.0
-        return (ahead + in_line + 1) * self._mean_service_s / slots
+        slots = min(self._capacity, self._engine_slots)
+        return wait_estimate.engine_wait_s(ahead, len(self._in_flight), slots, self._mean_service_s)
 
     def _retry_after_s(self, priority: int) -> float:
-        """When a refused client might be served: the time to work off today's queue at
-        the observed service rate, within [min_retry_after_s, its class's wait bound].
-        Retries spread over that span instead of all returning at the next free slot."""
-        upper_s = max(self._min_retry_after_s, self.max_wait_s(priority))
-        if self._capacity == 0:
-            return upper_s  # nothing drains until replicas come up
-        if self._mean_service_s is None:
-            return self._min_retry_after_s  # no completions seen yet: nothing to go by
-        estimate_s = len(self._queued) * self._mean_service_s / self._capacity
-        return min(upper_s, max(self._min_retry_after_s, estimate_s))
+        return wait_estimate.retry_after_s(
+            len(self._queued),
+            self._mean_service_s,
+            self._capacity,
+            self._min_retry_after_s,
+            self.max_wait_s(priority),
+        )
