@@ -27,7 +27,7 @@ What does not use it, and why:
   (test_vllm_parity.py), every header of a reply (helpers.send_at_once: `x-ratelimit-*`,
   `x-llmserve-tenant`, `x-max-tokens-clamped`), malformed bodies (test_hostile_input.py);
 - synchronous calls one at a time (the tests' `http` fixture and `httpx.post`, e.g.
-  test_prefix_routing.py's turns; readiness probes; bench/ask_models.py and
+  test_routing.py's prefix turns; readiness probes; bench/ask_models.py and
   test_openai_api.py through the OpenAI SDK): a request whose whole response the caller
   inspects, not load. (test_engine_priority.py calls the engine's ASGI app in-process.)
 """

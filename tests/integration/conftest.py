@@ -77,7 +77,6 @@ OWN_ENGINES = (
     "test_promises.py",
     "test_memory_plan.py",
     "test_routing.py",
-    "test_prefix_routing.py",
     "test_autoscaling.py",
     "test_vllm_parity.py",
 )

@@ -1,4 +1,9 @@
-"""Replica routing on two real replicas of the tiny model: balance, cancellation, a hung engine.
+"""Replica routing on two real replicas of the tiny model: balance, cancellation, LoRA adapters
+where their engines hold them, a hung engine, and prefix-aware routing: a conversation's next
+turn goes to the replica whose KV cache holds its history, known from the engine's own KV events,
+and the engine reports the hit; a killed replica leaves the router's view within seconds.
+Routing by load alone would send a follow-up to its replica half of the time: six of six by
+chance is one time in 64.
 
 An engine killed under load is the chaos suite's `replica-death-engine` (tests/integration/
 test_chaos.py): the same fault on the same two tiny replicas, with more checked.
@@ -6,21 +11,24 @@ test_chaos.py): the same fault on the same two tiny replicas, with more checked.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import socket
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import httpx
 import pytest
+import ray
 from ray import serve
 
-from bench.client import send
+from chaos.scenarios.replica_death import replica_actor, wait_gone
+from llmserve.request_router.prompt_tokens import PromptTokens
 from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 from tests.integration.helpers import deployed_app, tiny_engine
+from tests.integration.pair_load import balance
+from tests.integration.prefix_turns import BODIES, NUM_SESSIONS, REPORT_WAIT_S, chat, first_turns
 
 # Each test may wait for engines to start (two, in the first): longer than the default limit.
 pytestmark = pytest.mark.timeout(4 * ENGINE_READY_S)
@@ -41,6 +49,8 @@ def routing_app(model_dirs) -> dict:
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
                 "engine": tiny_engine(32),
+                # vLLM's usage then says how many prompt tokens came from its prefix cache.
+                "server": {"extra": {"enable_prompt_tokens_details": True}},
                 "deployment": {
                     "num_replicas": 2,
                     "max_ongoing_requests": 32,
@@ -99,55 +109,6 @@ def url(serve_cluster, model_dirs):
         yield app_url
 
 
-async def _request(
-    c: httpx.AsyncClient,
-    max_tokens: int,
-    i: int,
-    timeout_s: float = CALL_TIMEOUT_S,
-    model: str = NAME,
-):
-    body = {"model": model, "prompt": f"Request {i}", "max_tokens": max_tokens, "ignore_eos": True}
-    r = await send(c, "/v1/completions", body, timeout=timeout_s)
-    return {
-        "status": type(r.exc).__name__ if r.exc else r.status,
-        "replica": r.replica,
-        "start": r.start_s,
-        "end": r.end_s,
-        "long": max_tokens > 4,
-    }
-
-
-def _peak_concurrency(results: list[dict]) -> dict[str, int]:
-    events = sorted(
-        (t, d, r["replica"]) for r in results for t, d in ((r["start"], 1), (r["end"], -1))
-    )
-    current: Counter = Counter()
-    peak: Counter = Counter()
-    for _, d, replica in events:
-        current[replica] += d
-        peak[replica] = max(peak[replica], current[replica])
-    return dict(peak)
-
-
-async def _mixed_load(url: str, model: str = NAME) -> list[dict]:
-    """Long and short requests alternating, every 80 ms: round-robin stacks the long ones."""
-    async with httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=64)) as c:
-        tasks = []
-        for i in range(32):
-            tasks.append(asyncio.create_task(_request(c, 300 if i % 2 == 0 else 4, i, model=model)))
-            await asyncio.sleep(0.08)
-        return await asyncio.gather(*tasks)
-
-
-def _balance(url: str, model: str) -> tuple[dict[str, int], dict[str, int]]:
-    """Peak concurrent requests and long requests per replica, after a warm-up round (which
-    also lets the routing stats arrive)."""
-    asyncio.run(_mixed_load(url, model))
-    results = asyncio.run(_mixed_load(url, model))
-    assert all(r["status"] == 200 for r in results), results
-    return _peak_concurrency(results), dict(Counter(r["replica"] for r in results if r["long"]))
-
-
 def test_llm_aware_routing_balances_better_than_round_robin(serve_cluster):
     """The policies side by side on simulated replicas: round-robin sends every long request
     of the alternating load to one replica; the LLM-aware router spreads them."""
@@ -157,7 +118,7 @@ def test_llm_aware_routing_balances_better_than_round_robin(serve_cluster):
     ) as app_url:
         peaks, longs = {}, {}
         for policy in POLICIES:
-            peaks[policy], longs[policy] = _balance(app_url, f"sim-{policy}")
+            peaks[policy], longs[policy] = balance(app_url, f"sim-{policy}")
             assert len(peaks[policy]) == 2, f"{policy} used replicas {peaks[policy]}"
     imbalance = {p: max(v.values()) - min(v.values()) for p, v in peaks.items()}
     print(
@@ -170,7 +131,7 @@ def test_llm_aware_routing_balances_better_than_round_robin(serve_cluster):
 def test_llm_aware_routing_spreads_long_requests_over_real_engines(url):
     """The same load on two real engines: no replica gets most of the long requests. (Round-robin
     gives one replica all 16 of them, as the simulated pair above shows.)"""
-    peak, longs = _balance(url, NAME)
+    peak, longs = balance(url, NAME)
     print(
         f"\nreal engines: peak concurrent requests per replica {peak}, long requests per "
         f"replica {longs}"
@@ -350,3 +311,71 @@ def test_hung_engine_is_detected_and_replaced(url):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# -- prefix-aware routing: a follow-up turn goes where its history is cached ------------------
+# (last: the killed replica is not waited for)
+
+
+@pytest.mark.parametrize(("path", "body"), BODIES)
+def test_router_tokens_are_the_engines(url, model_dirs, path, body):
+    """What the router hashes is what vLLM prefills: its own renderer answers /tokenize."""
+    tokens = PromptTokens(model_dirs[TINY]).token_ids(path, body)
+    r = httpx.post(f"{url}/tokenize", timeout=CALL_TIMEOUT_S, json={"model": NAME, **body})
+    assert r.status_code == 200, r.text
+    assert tokens == r.json()["tokens"]
+
+
+def test_follow_up_turn_lands_where_its_prefix_is_cached(url):
+    sessions = first_turns(url, NAME, range(NUM_SESSIONS))
+    # Idle replicas tie and a coin breaks it: all six on one replica is a 1-in-32 draw (seen
+    # in CI). More first turns until both hold one, so that landing right is not luck.
+    more = iter(range(NUM_SESSIONS, 2 * NUM_SESSIONS))
+    while len({replica for _, replica in sessions.values()}) < 2 and (s := next(more, None)):
+        sessions |= first_turns(url, NAME, range(s, s + 1))
+    replicas = {replica for _, replica in sessions.values()}
+    time.sleep(REPORT_WAIT_S)
+    results = []
+    for s, (messages, first_replica) in sessions.items():
+        body, route = chat(url, NAME, messages)
+        cached = (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        results.append((s, first_replica, route, cached, body["usage"]["prompt_tokens"]))
+    for r in results:
+        print(
+            f"\nsession {r[0]}: first turn on {r[1]}, follow-up {r[2]}, engine cached {r[3]}/{r[4]}"
+        )
+    # Both replicas served first turns (load spreads them), so landing right is not luck.
+    assert len(replicas) == 2, sessions
+    for s, first_replica, route, cached, _ in results:
+        assert route["replica"] == first_replica, (s, route)
+        assert route["reason"] == "prefix", (s, route)
+        assert int(route["cached_tokens"]) >= 4 * 128, (s, route)
+        assert int(route["runner_up_cached_tokens"]) == 0, (s, route)
+        # The engine agrees: it prefilled only what was not cached.
+        assert cached >= 4 * 128, (s, cached)
+
+
+def test_killed_replica_leaves_the_index_within_seconds(url):
+    sessions = first_turns(url, NAME, range(100, 104))
+    victim = sessions[100][1]
+    actor, pid = replica_actor("routing", f"llm-{NAME}", victim)
+    ray.kill(actor, no_restart=True)
+    t0 = time.monotonic()
+    wait_gone(pid)  # ray.kill only asks
+    dead_s = time.monotonic() - t0
+    gone_s, routes = None, []
+    while time.monotonic() - t0 < 30:
+        for messages, _ in sessions.values():
+            _, route = chat(url, NAME, messages)  # every request is answered (200) meanwhile
+            routes.append((round(time.monotonic() - t0, 2), route))
+            assert route["replica"] != victim
+        # Gone from the router's candidates: neither chosen nor compared.
+        if all(victim not in (r["chosen"], r["runner_up"]) for _, r in routes[-len(sessions) :]):
+            gone_s = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    print(
+        f"\nkilled {victim}: dead after {dead_s:.2f} s, out of the router's view after {gone_s} s"
+    )
+    print(routes)
+    assert gone_s is not None and gone_s < 10, routes
