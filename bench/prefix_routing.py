@@ -34,12 +34,10 @@ from bench import summary as readme_summary
 from bench.client import send
 from bench.peers import machine, systems
 from bench.peers.__main__ import start
-from bench.peers.spec import ROOT, TENANTS, Model, default_model_config, platform_app_args
+from bench.peers.spec import ROOT, TENANTS, Model, default_bench_model, platform_app_args
 from bench.prefix_routing_report import Turn, markdown, summary
-from llmserve.edge import host
 from llmserve.planning.memory_plan import kv_bytes_per_token, kv_dtype_bytes
 from llmserve.planning.weights import ModelShape, dtype_bytes_for, load_hf_config
-from llmserve.replica import vllm_args
 
 RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
@@ -272,18 +270,7 @@ def main() -> None:
         doc.setdefault("logical_cpus", os.cpu_count())
         (a.out_dir / "prefix_routing.md").write_text(markdown(doc))
         return
-    _, _, cfg = default_model_config(CONFIG)
-    from llmserve.config.app_config import AppConfig
-    from llmserve.planning import model_source
-
-    cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
-    path = Path(model_source.resolve(cfg, cache, progress=True))
-    # As a replica on this host runs it (`dtype: auto` resolved for this CPU).
-    engine_args = {
-        **vllm_args.engine_kwargs(cfg, host.cpu_has_native_bf16()),
-        "max_model_len": a.max_model_len,
-    }
-    model = Model(cfg.name, path, engine_args, cfg.engine.cpu_kv_cache_space_gib)
+    model = default_bench_model(CONFIG, a.max_model_len)
     stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     work_dir = Path("/tmp/llmserve-prefix-routing") / stamp
     doc: dict[str, Any] = {

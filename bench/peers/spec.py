@@ -206,3 +206,18 @@ def resolve_model(
 
 def with_overrides(w: Workload, **kw: Any) -> Workload:
     return replace(w, **{k: v for k, v in kw.items() if v is not None})
+
+
+def default_bench_model(config_path: Path, max_model_len: int) -> Model:
+    """The config's default model, prepared in the model cache, with the engine args a replica
+    on this host runs it with (`dtype: auto` resolved for this CPU) and `max_model_len`."""
+    from llmserve.planning import model_source
+
+    _, _, cfg = default_model_config(config_path)
+    cache = AppConfig(models=[cfg.model_dump()]).cache_dir()
+    path = Path(model_source.resolve(cfg, cache, progress=True))
+    engine_args = {
+        **vllm_args.engine_kwargs(cfg, host.cpu_has_native_bf16()),
+        "max_model_len": max_model_len,
+    }
+    return Model(cfg.name, path, engine_args, cfg.engine.cpu_kv_cache_space_gib)

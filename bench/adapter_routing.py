@@ -1,0 +1,232 @@
+"""Adapter-aware routing against routing by load alone, on two replicas of the default model
+serving eight LoRA adapters with room for two in each engine (`max_loras` 2, `max_cpu_loras` 2),
+one router after the other in one run, the same Zipf-skewed traffic over the adapters.
+
+Per router: adapter loads per 1,000 requests (requests sent to an engine that did not hold their
+adapter, as its replica last reported it: `x-route` says `adapter_held`), TTFT p50/p99 of the
+requests whose engine held their adapter and of those whose engine loaded it first, tokens/s,
+and which replicas served the hottest adapter.
+
+    .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4]
+
+Results: bench/results/adapter_routing.{json,md}, stamped with commit, date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.client import Reply, send
+from bench.peers import machine, systems
+from bench.peers.__main__ import start
+from bench.peers.spec import ROOT, TENANTS, default_bench_model, platform_app_args
+
+RESULTS = ROOT / "bench" / "results"
+CONFIG = ROOT / "serve_config.yaml"
+ADAPTERS = [f"bench-lora-{i}" for i in range(1, 9)]
+ROUTERS = {"adapter-aware": {"adapter_weight": 4.0}, "load-only": {"adapter_weight": 0.0}}
+
+
+class AdapterPlatform(systems.Platform):
+    """The platform with two replicas, eight random adapters and this run's adapter weight."""
+
+    def __init__(self, weights: dict, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self._weights = weights
+
+    def spec(self) -> dict[str, Any]:
+        app = platform_app_args(self.config_path, self.model)
+        m = app["models"][0]
+        m["routing"] = {**m.get("routing", {}), **self._weights, "session_affinity": False}
+        m["deployment"] = {**m.get("deployment", {}), "num_replicas": 2}
+        m["deployment"].pop("autoscaling", None)
+        m["lora"] = {
+            "max_loras": 2,
+            "max_cpu_loras": 2,
+            "max_lora_rank": 8,
+            "adapters": [
+                {"name": name, "source": f"random:{i}"} for i, name in enumerate(ADAPTERS, 1)
+            ],
+        }
+        app["http"] = {**app.get("http", {}), "debug_headers": True}
+        return {"app_args": app}
+
+
+def zipf_draws(n: int, s: float, seed: int) -> list[str]:
+    """`n` adapter names, the k-th most popular drawn with weight 1 / k**s."""
+    rng = random.Random(seed)
+    weights = [1 / k**s for k in range(1, len(ADAPTERS) + 1)]
+    return rng.choices(ADAPTERS, weights=weights, k=n)
+
+
+async def run_load(base_url: str, draws: list[str], a) -> tuple[list[tuple[str, Reply]], float]:
+    """Every drawn request, `a.concurrency` at once, streamed (TTFT) with usage; and the
+    seconds they took."""
+    queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    for item in enumerate(draws):
+        queue.put_nowait(item)
+    out: list[tuple[str, Reply]] = []
+    headers = {"Authorization": f"Bearer {TENANTS.sweep}"}
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, headers=headers) as c:
+
+        async def worker() -> None:
+            while not queue.empty():
+                i, adapter = queue.get_nowait()
+                body = {
+                    "model": adapter,
+                    "prompt": f"Request {i}: write about the number {i}.",
+                    "max_tokens": a.max_tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                out.append((adapter, await send(c, "/v1/completions", body)))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
+    return out, time.monotonic() - t0
+
+
+def _p(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def summarize(replies: list[tuple[str, Reply]], span_s: float) -> dict[str, Any]:
+    ok = [(adapter, r) for adapter, r in replies if r.status == 200 and r.done]
+    held = [r for _, r in ok if r.route and "adapter_held=True" in r.route]
+    loaded = [r for _, r in ok if r.route and "adapter_held=False" in r.route]
+    hottest = ADAPTERS[0]  # the Zipf draw's most popular
+    tokens = sum(r.completion_tokens for _, r in ok)
+    return {
+        "requests": len(replies),
+        "failed": len(replies) - len(ok),
+        "loads_per_1000": round(1000 * len(loaded) / max(1, len(ok)), 1),
+        "ttft_held_s": {
+            "p50": _p([r.ttft_s for r in held if r.ttft_s], 0.5),
+            "p99": _p([r.ttft_s for r in held if r.ttft_s], 0.99),
+        },
+        "ttft_loaded_s": {
+            "p50": _p([r.ttft_s for r in loaded if r.ttft_s], 0.5),
+            "p99": _p([r.ttft_s for r in loaded if r.ttft_s], 0.99),
+        },
+        "tokens_per_s": round(tokens / span_s, 1),
+        "hottest_adapter": hottest,
+        "hottest_by_replica": dict(
+            sorted(
+                {
+                    rep: sum(1 for a_, r in ok if a_ == hottest and r.replica == rep)
+                    for rep in {r.replica for _, r in ok}
+                }.items()
+            )
+        ),
+    }
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Adapter-aware routing",
+        "",
+        f"Commit {doc['commit']}, {doc['date']}, {doc['machine']}. Written by "
+        "`python -m bench.adapter_routing` from adapter_routing.json.",
+        "",
+        f"Two replicas of {doc['model']}, {len(ADAPTERS)} LoRA adapters (random, rank 8), "
+        f"`max_loras` 2, `max_cpu_loras` 2; {doc['workload']['requests']} streamed completions "
+        f"of {doc['workload']['max_tokens']} tokens, {doc['workload']['concurrency']} at once, "
+        f"adapters drawn Zipf(s={doc['workload']['zipf_s']}).",
+        "",
+        "| router | loads / 1,000 requests | TTFT p50 / p99, adapter held (s) | TTFT p50 / p99, "
+        "loaded first (s) | tokens/s | failed | hottest adapter by replica |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["routers"].items():
+        if r.get("error"):
+            lines.append(f"| {name} | error: {r['error']} | | | | | |")
+            continue
+        h, lo = r["ttft_held_s"], r["ttft_loaded_s"]
+        lines.append(
+            f"| {name} | {r['loads_per_1000']} | {h['p50']} / {h['p99']} | {lo['p50']} / "
+            f"{lo['p99']} | {r['tokens_per_s']} | {r['failed']} | "
+            f"{r['hottest_adapter']}: {r['hottest_by_replica']} |"
+        )
+    aware, blind = (doc["routers"].get(k, {}) for k in ROUTERS)
+    if "loads_per_1000" in aware and blind.get("loads_per_1000"):
+        ratio = aware["loads_per_1000"] / blind["loads_per_1000"]
+        lines += ["", f"Loads, adapter-aware against load-only: x{ratio:.2f}."]
+    lines += [
+        "",
+        "A load is a request sent to an engine whose replica had not reported the adapter held "
+        "(its report is at most ~1.5 s old); the engine loads it from disk first, evicting the "
+        "least recently used.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--requests", type=int, default=240)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--zipf-s", type=float, default=1.1)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--port", type=int, default=18720)
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
+    a = p.parse_args()
+    if a.report_only:
+        doc = json.loads((a.out_dir / "adapter_routing.json").read_text())
+        (a.out_dir / "adapter_routing.md").write_text(markdown(doc))
+        return
+    model = default_bench_model(CONFIG, a.max_model_len)
+    work_dir = Path("/tmp/llmserve-adapter-routing") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    draws = zipf_draws(a.requests, a.zipf_s, seed=0)
+    warm = zipf_draws(len(ADAPTERS) * 2, 0.0, seed=1)  # every adapter, first-request costs
+    doc: dict[str, Any] = {
+        "commit": machine._git("rev-parse", "--short", "HEAD"),
+        "date": dt.date.today().isoformat(),
+        "machine": f"{machine.cpu_model()}, {os.cpu_count()} logical CPUs",
+        "model": model.name,
+        "workload": {
+            "requests": a.requests,
+            "concurrency": a.concurrency,
+            "max_tokens": a.max_tokens,
+            "zipf_s": a.zipf_s,
+        },
+        "routers": {},
+    }
+    for i, name in enumerate(a.routers.split(",")):
+        system = AdapterPlatform(ROUTERS[name], model, a.port + 10 * i, work_dir, CONFIG)
+        print(f"== {name} (log {system.log_path})", flush=True)
+        entry: dict[str, Any] = {"weights": ROUTERS[name]}
+        try:
+            entry["ready_s"], _ = start(system, 900)
+            asyncio.run(run_load(system.base_url, warm, a))
+            entry.update(summarize(*asyncio.run(run_load(system.base_url, draws, a))))
+            print(f"  {entry}", flush=True)
+        except Exception as e:  # noqa: BLE001 - a failed router must still be stopped and reported
+            entry["error"] = f"{type(e).__name__}: {e}"
+            print(f"  FAILED: {entry['error']}", flush=True)
+        finally:
+            system.stop()
+        doc["routers"][name] = entry
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    (a.out_dir / "adapter_routing.json").write_text(json.dumps(doc, indent=1))
+    (a.out_dir / "adapter_routing.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
