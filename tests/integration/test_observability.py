@@ -275,7 +275,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
         }
         looked_up = [v for v in finite(query(prometheus, lookups)) if v > 0]
         time.sleep(SCRAPE_S)
-    assert decided and decided <= {"prefix", "load", "p2c", "affinity", "only"}, decided
+    reasons = {"prefix", "adapter", "load", "p2c", "affinity", "only"}  # as documented
+    assert decided and decided <= reasons, decided
     assert looked_up, "no prefix-cache lookups counted for the default model's replica"
     render_the_dashboard(prometheus, tmp_path)
 
