@@ -80,6 +80,7 @@ class Router:
         self._response_store = response_store
         self._created = int(time.time())
         self._directory = TenantDirectory(self._config, os.environ)
+        self._served = self._config.served()  # `model` name -> its model and adapter, once
         try:
             # Into this node's folder beside its HAProxy's files (llmserve/router/shield.py).
             shield_map = shield.publish(
@@ -180,7 +181,7 @@ class Router:
         tenant = self._directory.authenticate(request.headers.get("authorization"))
         allowed = {
             name: s.model.name
-            for name, s in self._config.served().items()
+            for name, s in self._served.items()
             if may_use(tenant, name, s.adapter)
         }
         return openapi_docs.models_list(allowed, self._created)

@@ -11,7 +11,6 @@ classes.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from types import SimpleNamespace
 
@@ -24,6 +23,7 @@ from llmserve.protocol.replica_call import (
     PackedBlocks,
     RoutingStats,
 )
+from tests.unit.replica_helpers import ENGINE, server
 
 BLOCKS = CachedBlocks(3, 16, "0", frozenset({5, 1, 2**64 - 1}))
 PACKED = BLOCKS.pack()
@@ -214,46 +214,6 @@ def test_per_replica(case, metrics, expected):
 # -- producer -> consumer --------------------------------------------------------------
 
 
-class StubEngine:
-    def __init__(self, stats: EngineStats, cached: CachedBlocks | None) -> None:
-        self._stats, self.cached = stats, cached
-        self.adapters: frozenset[str] | None = None
-
-    async def loaded_adapters(self) -> frozenset[str] | None:
-        return self.adapters
-
-    def stats(self) -> EngineStats:
-        return self._stats
-
-    def cached_blocks(self) -> CachedBlocks | None:
-        return self.cached
-
-    def shutdown(self) -> None:
-        pass
-
-
-def server(stats: EngineStats, cached: CachedBlocks | None = None, queued: float = 0.0):
-    """An LLMServer replica around a stub engine, without Ray running."""
-    from llmserve.replica.llm_server import LLMServer
-
-    s = object.__new__(LLMServer.func_or_class)
-    s._engine = StubEngine(stats, cached)
-    s._num_probing, s._unhealthy_reason, s._packed = 0, None, None
-    s._adapters, s._adapter_metrics = None, SimpleNamespace(export=lambda held: None)
-    s._replica_id = "local"
-
-    async def router_queued() -> float:
-        return queued
-
-    s._router_queued = router_queued
-    return s
-
-
-ENGINE = EngineStats(
-    num_running=3, num_waiting=4, num_unfinished=7, kv_cache_usage=0.5, healthy=True
-)
-
-
 async def test_routing_stats_reach_the_request_router():
     from llmserve.policies.routing import ReplicaLoad
     from llmserve.request_router.request_router import replica_load
@@ -277,70 +237,6 @@ async def test_routing_stats_reach_the_request_router():
     await router._prompt_keys([replica], pending)
     assert router._index.is_current("r", BLOCKS.version)
     assert router._index.cached_blocks("r", [5, 2**64 - 1, 1, 7], time.time()) == 3
-
-
-async def test_adapters_the_engine_holds_reach_the_request_router(monkeypatch):
-    """The watchdog's look at the engine's adapters goes out in the routing stats; the request
-    router sends a request naming one to the replica holding it, and notes that it held it."""
-    from llmserve.protocol.replica_call import ReplicaRequest
-    from llmserve.replica import llm_server
-    from llmserve.request_router import route_notes
-    from tests.unit.router_helpers import FakeReplica, llm_router, request
-
-    holder, other = server(ENGINE), server(ENGINE)
-    holder._engine.adapters, other._engine.adapters = frozenset({"sql-lora"}), frozenset()
-    exported: list[frozenset[str]] = []
-    holder._adapter_metrics = SimpleNamespace(export=exported.append)
-    for s in (holder, other):
-        await s._look_at_adapters()
-    assert exported == [frozenset({"sql-lora"})]
-    assert RoutingStats.from_stats(await holder.record_routing_stats()).adapters == ("sql-lora",)
-    replicas = [
-        FakeReplica("holder", await holder.record_routing_stats()),
-        FakeReplica("other", await other.record_routing_stats()),
-    ]
-    router = llm_router()
-    for i in range(6):
-        pending = request()
-        body = ReplicaRequest(f"a{i}", "/v1/chat/completions", b"{}", adapter="sql-lora")
-        pending.args = (body,)
-        ranks = await router.choose_replicas(replicas, pending)
-        assert ranks[0][0].replica_id.unique_id == "holder"
-        note = route_notes.take(f"a{i}")
-        assert (note.reason, note.adapter_held) == ("adapter", True)
-
-    # An engine that does not answer keeps the last look (the watchdog judges the engine).
-    async def hangs():
-        await asyncio.sleep(60)
-
-    monkeypatch.setattr(llm_server, "ADAPTER_LOOK_TIMEOUT_S", 0.01)
-    holder._engine.loaded_adapters = hangs
-    await holder._look_at_adapters()
-    assert holder._adapters == frozenset({"sql-lora"}) and len(exported) == 1
-
-
-def test_adapter_loads_and_evictions_are_the_changes_between_two_looks():
-    from llmserve.observability.metrics import ReplicaAdapterMetrics
-
-    class Recorder:
-        def __init__(self) -> None:
-            self.calls: list[tuple] = []
-
-        def inc(self, n, tags):
-            self.calls.append((tags["adapter"], n))
-
-        def set(self, v, tags):
-            self.calls.append((tags["adapter"], v))
-
-    m = object.__new__(ReplicaAdapterMetrics)
-    m._model, m._last = "base", frozenset()
-    m.loads, m.evictions, m.held = Recorder(), Recorder(), Recorder()
-    m.export(frozenset({"a", "b"}))  # at start: both loaded
-    m.export(frozenset({"a", "b"}))  # nothing changed: nothing counted
-    m.export(frozenset({"a", "c"}))  # c loaded on demand, b evicted
-    assert sorted(m.loads.calls) == [("a", 1), ("b", 1), ("c", 1)]
-    assert m.evictions.calls == [("b", 1)]
-    assert sorted(m.held.calls) == [("a", 1), ("b", 0), ("b", 1), ("c", 1)]
 
 
 async def test_blocks_are_packed_once_per_version_and_absent_without_a_cache():
