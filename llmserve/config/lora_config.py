@@ -1,8 +1,11 @@
 """LoRA adapters of a model: the names clients send as `model`, served by the base model's engines.
 
 An adapter is a name a tenant may use (its `models` list names adapters as it names models) and,
-optionally, a list of the tenants that may use it. Every replica of the base model loads every
-adapter of its config when its engine starts (vLLM's `--lora-modules`); where each is on a node:
+optionally, a list of the tenants that may use it. Every replica of the base model loads the
+adapters of its `lora:` section when its engine starts (vLLM's `--lora-modules`), and those of its
+deployment's `user_config` (`RuntimeAdapters`) while it runs: a change there reaches the running
+engines (vLLM's runtime adapter loading), where a change of the app's `args` restarts every
+replica (Serve's code version of an app hashes its args). Where each is on a node:
 llmserve/planning/adapters.py.
 """
 
@@ -62,7 +65,11 @@ class LoraConfig(Strict):
         description="Adapters an engine keeps loaded in host memory (--max-cpu-loras; vLLM's "
         "default: max_loras).",
     )
-    adapters: list[AdapterConfig] = Field(min_length=1)
+    adapters: list[AdapterConfig] = Field(
+        default_factory=list,
+        description="Adapters every engine registers when it starts; more may come at runtime "
+        "(RuntimeAdapters).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> LoraConfig:
@@ -80,6 +87,38 @@ class LoraConfig(Strict):
             "max_lora_rank": self.max_lora_rank,
             "max_cpu_loras": self.max_cpu_loras,
         }
+
+
+class RuntimeAdapters(Strict):
+    """A model deployment's `user_config` in serve_config.yaml (`deployments: - name: llm-MODEL,
+    user_config: {adapters: [...]}`): adapters its running replicas load or drop without a
+    restart. The model must have a `lora:` section (its engines start with LoRA on)."""
+
+    adapters: list[AdapterConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> RuntimeAdapters:
+        names = [a.name for a in self.adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"user_config adapters: {', '.join(twice)} named twice")
+        return self
+
+    def checked_for(self, model: _Model) -> RuntimeAdapters:
+        """Self, or ValueError where `model` cannot take these adapters."""
+        if self.adapters and model.lora is None:
+            raise ValueError(
+                f"model {model.name!r}: user_config adapters need its engines started with "
+                "LoRA on: give the model a `lora:` section (max_loras, max_lora_rank)"
+            )
+        taken = {model.name, *(a.name for a in (model.lora.adapters if model.lora else []))}
+        clash = sorted(taken & {a.name for a in self.adapters})
+        if clash:
+            raise ValueError(
+                f"model {model.name!r}: user_config adapters {', '.join(clash)} already named "
+                "in its args (the model or its lora.adapters)"
+            )
+        return self
 
 
 class _Model(Protocol):

@@ -56,6 +56,7 @@ from llmserve.replica.engine import Engine
 from llmserve.replica.engine.asgi_call import JSON_HEADERS, AsgiCall, refusal, reply_parts
 from llmserve.replica.gpu import read_gpus
 from llmserve.replica.resumable import TrackedReply
+from llmserve.replica.runtime_adapters import RuntimeAdapterSet
 from llmserve.replica.stored_turns import StoredTurns
 
 logger = logging.getLogger("ray.serve")
@@ -105,6 +106,7 @@ class LLMServer:
 
             self._engine = VLLMEngine(model, path, _local_rank())
         await self._engine.start()
+        self._runtime_adapters = RuntimeAdapterSet(self._engine, model, path, Path(cache_dir))
         self._gpu_metrics = ReplicaGpuMetrics(model.name)
         self._cache_metrics = ReplicaPrefixCacheMetrics(model.name)
         self._adapter_metrics = ReplicaAdapterMetrics(model.name)
@@ -114,6 +116,15 @@ class LLMServer:
             if response_store is not None and RESPONSES_PATH in self._engine.paths
             else None
         )
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's call with the deployment's user_config, at start and on each change of it
+        (no restart): the LoRA adapters to load or drop (llmserve/replica/runtime_adapters.py)."""
+        await self._runtime_adapters.apply(user_config)
+
+    async def served_adapters(self) -> list[dict[str, Any]]:
+        """The adapters this replica loaded from its user_config, for the Router's table."""
+        return self._runtime_adapters.listed()
 
     async def generate(
         self, request: ReplicaRequest

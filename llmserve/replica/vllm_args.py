@@ -63,10 +63,11 @@ def launch(
     if model.lora is not None:
         # Loaded when the engine starts; vLLM's /v1/models lists each under its base model.
         argv += flags(model.lora.engine_kwargs())
-        argv += ["--lora-modules"] + [
-            json.dumps({"name": a.name, "path": a.source, "base_model_name": model.name})
-            for a in model.lora.adapters
-        ]
+        if model.lora.adapters:  # none: LoRA on, adapters come from the user_config
+            argv += ["--lora-modules"] + [
+                json.dumps({"name": a.name, "path": a.source, "base_model_name": model.name})
+                for a in model.lora.adapters
+            ]
     env = {}
     if engine.cpu_kv_cache_space_gib is not None:
         # vLLM's CPU worker sizes its KV cache from this variable instead of

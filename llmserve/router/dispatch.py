@@ -36,6 +36,7 @@ from llmserve.router.admission_gate import Gate, Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, Resumable, session_of
+from llmserve.router.served_table import ServedTable
 from llmserve.router.tenancy import (
     estimate_prompt_tokens,
     may_use,
@@ -76,13 +77,14 @@ class Dispatcher:
     def __init__(
         self,
         config: AppConfig,
+        served: ServedTable,
         handles: dict[str, DeploymentHandle],
         gate: Gate,
         relay: ReplyRelay,
         metrics: RouterMetrics,
     ) -> None:
         self._config = config
-        self._served = config.served()  # `model` name -> its model and adapter
+        self._served = served  # `model` name -> its model and adapter
         self._handles = handles
         self._gate = gate
         self._relay = relay
@@ -117,7 +119,7 @@ class Dispatcher:
         if client.path == RESPONSES_PATH:
             check_responses_body(body)
         # An adapter's requests are its base model's: its engines, its queue.
-        served = self._served.get(fields.model)
+        served = await self._served.find(fields.model)
         if served is None or not may_use(tenant, fields.model, served.adapter):
             raise model_not_found(fields.model)  # the same words as "not yours"
         model = served.model

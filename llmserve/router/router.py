@@ -50,6 +50,7 @@ from llmserve.router.request_path import (
     health_counts,
     unless_disconnected,
 )
+from llmserve.router.served_table import ServedTable
 from llmserve.router.tenancy import TenantDirectory, may_use
 
 logger = logging.getLogger("ray.serve")
@@ -80,7 +81,10 @@ class Router:
         self._response_store = response_store
         self._created = int(time.time())
         self._directory = TenantDirectory(self._config, os.environ)
-        self._served = self._config.served()  # `model` name -> its model and adapter, once
+        # `model` name -> its model and adapter: the args', and adapters loaded at runtime.
+        self._served = ServedTable(
+            self._config, lambda model: llm_handles[model].served_adapters.remote()
+        )
         try:
             # Into this node's folder beside its HAProxy's files (llmserve/router/shield.py).
             shield_map = shield.publish(
@@ -100,11 +104,12 @@ class Router:
         self._relay = ReplyRelay(self._gate)
         self._metrics = RouterMetrics()
         self._dispatch = Dispatcher(
-            self._config, llm_handles, self._gate, self._relay, self._metrics
+            self._config, self._served, llm_handles, self._gate, self._relay, self._metrics
         )
         self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         tracing.configure_tracing(**self._config.tracing.model_dump())
         self._background = asyncio.get_running_loop().create_task(self._housekeeping())
+        self._served_refresh = asyncio.get_running_loop().create_task(self._served.run())
 
     def __serve_build_asgi_app__(self):
         """Serve's hook once this replica is constructed: the app it serves (its own copy of
@@ -179,6 +184,7 @@ class Router:
     async def http_models(self, request: Request) -> dict[str, Any]:
         # Keys are checked here too, and a tenant sees only the models it may use.
         tenant = self._directory.authenticate(request.headers.get("authorization"))
+        await self._served.freshen()
         allowed = {
             name: s.model.name
             for name, s in self._served.items()

@@ -58,7 +58,7 @@ def test_an_adapter_is_served_by_its_base_model():
         ({"lora": {**LORA, "adapters": [LORA["adapters"][0], LORA["adapters"][0]]}}, "twice"),
         ({"lora": {**LORA, "adapters": [{"name": "other", "source": "/a"}]}}, "twice"),
         ({"lora": {**LORA, "adapters": [{"name": "bad name", "source": "/a"}]}}, "adapter name"),
-        ({"lora": {**LORA, "adapters": []}}, "at least 1"),
+        ({"lora": {**LORA, "adapters": [{"name": "base-x", "source": " "}]}}, "must not be empty"),
         ({"lora": {**LORA, "max_cpu_loras": 1}}, "max_cpu_loras"),
         ({"lora": {**LORA, "max_lora_rank": 0}}, "greater than 0"),
         ({"lora": LORA, "source": "simulated"}, "lora needs a real model source"),
@@ -117,6 +117,13 @@ def test_the_engine_loads_every_adapter_at_start_with_the_limits():
         {"name": "base-legal", "path": "/adapters/legal", "base_model_name": "base"},
     ]
     assert "--enable-lora" not in launch(c.models[1], "/models/other", native_bf16=True).argv
+
+
+def test_lora_without_adapters_starts_the_engine_with_lora_for_adapters_at_runtime():
+    c = config(lora={"max_loras": 2, "max_lora_rank": 8}, tenants=[{"name": "all"}])
+    assert c.models[0].lora.adapters == [] and c.served().keys() == {"base", "other"}
+    argv = launch(c.models[0], "/models/base", native_bf16=True).argv
+    assert "--enable-lora" in argv and "--lora-modules" not in argv
 
 
 def test_models_list_names_an_adapters_parent():

@@ -39,6 +39,14 @@ class Engine(Protocol):
         """The LoRA adapters its engine holds in memory now, by name (a request for another
         loads it first); None for an engine without LoRA."""
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Registers a LoRA adapter (`path`: its folder) with the running engine under `name`,
+        or re-registers it from a new folder; raises ValueError with the engine's words where it
+        cannot load it."""
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forgets a LoRA adapter registered by `load_adapter`; no-op for an unknown name."""
+
     async def check_health(self) -> None:
         """Raises when the engine is dead."""
 

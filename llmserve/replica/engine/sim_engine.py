@@ -209,6 +209,12 @@ class SimEngine:
     async def loaded_adapters(self) -> None:
         return None  # a simulated model has no adapters (llmserve/config/app_config.py)
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        raise ValueError(f"adapter {name!r}: a simulated model has no LoRA adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        pass
+
     def cached_blocks(self) -> None:
         return None  # no prefix cache simulated: prefix-aware routing weighs load alone
 

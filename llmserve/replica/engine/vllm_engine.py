@@ -267,6 +267,34 @@ class VLLMEngine:
         held = await self._engine.list_loras()
         return frozenset(by_id[i] for i in held if i in by_id)
 
+    async def load_adapter(self, name: str, path: str) -> None:
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        models = self.app.state.openai_serving_models
+        current = models.lora_requests.get(name)
+        if current is not None and current.lora_path == path:
+            return  # as registered: reloading it would only warn
+        # vLLM's own runtime loading (what its /v1/load_lora_adapter route calls): the engine
+        # loads the weights now, so that an adapter that cannot load fails here, not on a request.
+        r = await models.load_lora_adapter(
+            LoadLoRAAdapterRequest(lora_name=name, lora_path=path, load_inplace=current is not None)
+        )
+        if isinstance(r, ErrorResponse):
+            raise ValueError(f"adapter {name!r} ({path}): {r.error.message}")
+
+    async def unload_adapter(self, name: str) -> None:
+        from vllm.entrypoints.serve.lora.protocol import UnloadLoRAAdapterRequest
+
+        models = self.app.state.openai_serving_models
+        current = models.lora_requests.get(name)
+        if current is None:
+            return
+        await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name=name))
+        # The serving layer forgets the name; the engine would keep its weights until its LRU
+        # evicts them. A request already running with it finishes first (vLLM's remove_lora).
+        await self._engine.remove_lora(current.lora_int_id)
+
     def _engine_pid(self) -> int | None:
         # The EngineCore process: what dies in a crash, and what the chaos tests kill.
         manager = getattr(
