@@ -1,13 +1,14 @@
 """Adapter-aware routing against routing by load alone, on two replicas of the default model
-serving eight LoRA adapters with room for two in each engine (`max_loras` 2, `max_cpu_loras` 2),
-one router after the other in one run, the same Zipf-skewed traffic over the adapters.
+serving eight LoRA adapters, two per engine step (`max_loras` 2) and by default four in each
+engine's memory (`max_cpu_loras` 4: the two engines together can hold all eight, if each holds
+its own half), one router after the other in one run, the same Zipf-skewed traffic.
 
 Per router: adapter loads per 1,000 requests (requests sent to an engine that did not hold their
 adapter, as its replica last reported it: `x-route` says `adapter_held`), TTFT p50/p99 of the
 requests whose engine held their adapter and of those whose engine loaded it first, tokens/s,
 and which replicas served the hottest adapter.
 
-    .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4]
+    .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4] [--max-cpu-loras 4]
 
 Results: bench/results/adapter_routing.{json,md}, stamped with commit, date and machine.
 """
@@ -40,9 +41,9 @@ ROUTERS = {"adapter-aware": {"adapter_weight": 4.0}, "load-only": {"adapter_weig
 class AdapterPlatform(systems.Platform):
     """The platform with two replicas, eight random adapters and this run's adapter weight."""
 
-    def __init__(self, weights: dict, *a, **kw) -> None:
+    def __init__(self, weights: dict, max_cpu_loras: int, *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self._weights = weights
+        self._weights, self._max_cpu_loras = weights, max_cpu_loras
 
     def spec(self) -> dict[str, Any]:
         app = platform_app_args(self.config_path, self.model)
@@ -52,7 +53,7 @@ class AdapterPlatform(systems.Platform):
         m["deployment"].pop("autoscaling", None)
         m["lora"] = {
             "max_loras": 2,
-            "max_cpu_loras": 2,
+            "max_cpu_loras": self._max_cpu_loras,
             "max_lora_rank": 8,
             "adapters": [
                 {"name": name, "source": f"random:{i}"} for i, name in enumerate(ADAPTERS, 1)
@@ -143,7 +144,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "`python -m bench.adapter_routing` from adapter_routing.json.",
         "",
         f"Two replicas of {doc['model']}, {len(ADAPTERS)} LoRA adapters (random, rank 8), "
-        f"`max_loras` 2, `max_cpu_loras` 2; {doc['workload']['requests']} streamed completions "
+        f"`max_loras` 2, `max_cpu_loras` {doc['workload'].get('max_cpu_loras', 2)}; "
+        f"{doc['workload']['requests']} streamed completions "
         f"of {doc['workload']['max_tokens']} tokens, {doc['workload']['concurrency']} at once, "
         f"adapters drawn Zipf(s={doc['workload']['zipf_s']}).",
         "",
@@ -181,6 +183,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--zipf-s", type=float, default=1.1)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-cpu-loras", type=int, default=4, help="adapters each engine holds")
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--port", type=int, default=18720)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
@@ -204,11 +207,14 @@ def main() -> None:
             "concurrency": a.concurrency,
             "max_tokens": a.max_tokens,
             "zipf_s": a.zipf_s,
+            "max_cpu_loras": a.max_cpu_loras,
         },
         "routers": {},
     }
     for i, name in enumerate(a.routers.split(",")):
-        system = AdapterPlatform(ROUTERS[name], model, a.port + 10 * i, work_dir, CONFIG)
+        system = AdapterPlatform(
+            ROUTERS[name], a.max_cpu_loras, model, a.port + 10 * i, work_dir, CONFIG
+        )
         print(f"== {name} (log {system.log_path})", flush=True)
         entry: dict[str, Any] = {"weights": ROUTERS[name]}
         try:
