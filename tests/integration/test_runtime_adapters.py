@@ -1,12 +1,14 @@
 """A LoRA adapter added to a running app's config, on the real engine through Ray Serve's own
 declarative deploy (what `serve deploy serve_config.yaml` does): the deployment's user_config
 changes, the running replica loads the adapter into its engine without a restart, the Router
-serves its name on the first request and lists it; an adapter that cannot load leaves the
-others serving; a removed one is answered 404."""
+serves its name on the first request and lists it; an adapter from an installed package
+(`pypi:`) loads beside it; an adapter that cannot load leaves the others serving; a removed one
+is answered 404."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,11 +26,13 @@ pytestmark = pytest.mark.timeout(3 * ENGINE_READY_S)
 APP, PREFIX, NAME = "runtime-adapters", "/runtime-adapters", "tiny-runtime"
 DEPLOYMENT = f"llm-{NAME}"
 ADAPTER = "tiny-runtime-lora"
+PACKAGED = "tiny-runtime-packaged"  # from the package below
+PACKAGE = "llmserve-test-adapter"  # a package on the replica's PYTHONPATH holding an adapter
 # A tiny adapter builds and loads in ~1 s here; a slow CI hour is ~3x slower than a quiet one.
 ADAPTER_READY_S = 120
 
 
-def deploy(model_dirs, adapters: list[dict]) -> None:
+def deploy(model_dirs, site: Path, adapters: list[dict]) -> None:
     """The app as a config file would give it, its model's user_config naming `adapters`."""
     args = {
         **OPEN_ACCESS,
@@ -37,7 +41,11 @@ def deploy(model_dirs, adapters: list[dict]) -> None:
                 "name": NAME,
                 "source": str(model_dirs[TINY]),
                 "engine": tiny_engine(4),
-                "deployment": {"num_replicas": 1, "num_cpus": 0.5},
+                "deployment": {
+                    "num_replicas": 1,
+                    "num_cpus": 0.5,
+                    "env_vars": {"PYTHONPATH": str(site)},
+                },
                 "lora": {"max_lora_rank": 8},  # LoRA on, no adapter at start
             }
         ],
@@ -71,8 +79,20 @@ def replica_pids() -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def url(serve_cluster, model_dirs):
-    deploy(model_dirs, [])
+def site(tmp_path_factory, model_dirs) -> Path:
+    """A folder of installed packages holding one: an adapter's files beside its __init__.py."""
+    from llmserve.planning.adapters import build_random_lora
+
+    root = tmp_path_factory.mktemp("site")
+    package = root / PACKAGE.replace("-", "_")
+    build_random_lora(package, str(model_dirs[TINY]), seed=9)
+    (package / "__init__.py").write_text("")
+    return root
+
+
+@pytest.fixture(scope="module")
+def url(serve_cluster, model_dirs, site):
+    deploy(model_dirs, site, [])
     try:
         wait_running(APP, [DEPLOYMENT], replicas=1)
         yield f"{serve_cluster}{PREFIX}"
@@ -95,7 +115,7 @@ def listed(url: str) -> dict[str, str | None]:
     return {m["id"]: m.get("parent") for m in data}
 
 
-def test_an_adapter_added_to_the_config_serves_without_a_restart(url, model_dirs, tmp_path):
+def test_an_adapter_added_to_the_config_serves_without_a_restart(url, model_dirs, site, tmp_path):
     base = chat(url, NAME)
     assert base.status_code == 200, base.text
     unknown = chat(url, ADAPTER)
@@ -106,21 +126,24 @@ def test_an_adapter_added_to_the_config_serves_without_a_restart(url, model_dirs
     # The new adapter, and one whose folder is no adapter: it is left out, the first loads.
     (tmp_path / "empty").mkdir()
     broken = {"name": "tiny-runtime-broken", "source": str(tmp_path / "empty")}
-    deploy(model_dirs, [{"name": ADAPTER, "source": "random:7"}, broken])
+    packaged = {"name": PACKAGED, "source": f"pypi:{PACKAGE}"}
+    deploy(model_dirs, site, [{"name": ADAPTER, "source": "random:7"}, packaged, broken])
     deadline = time.monotonic() + ADAPTER_READY_S
     while ADAPTER not in listed(url) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert listed(url) == {NAME: None, ADAPTER: NAME}
-    answer = chat(url, ADAPTER)
-    assert answer.status_code == 200, answer.text
-    text = answer.json()["choices"][0]["message"]["content"]
-    assert text != base.json()["choices"][0]["message"]["content"], text  # greedy: its own
+    assert listed(url) == {NAME: None, ADAPTER: NAME, PACKAGED: NAME}
+    texts = {base.json()["choices"][0]["message"]["content"]}
+    for name in (ADAPTER, PACKAGED):
+        answer = chat(url, name)
+        assert answer.status_code == 200, answer.text
+        texts.add(answer.json()["choices"][0]["message"]["content"])
+    assert len(texts) == 3, texts  # greedy: each adapter answers its own, not the base's
     assert chat(url, broken["name"]).status_code == 404
     assert replica_pids() == before, "the replica restarted: its engine did too"
     assert serve.status().applications[APP].status == "RUNNING"
 
     # Removed from the config: gone from the list within the Router's refresh, then a 404.
-    deploy(model_dirs, [])
+    deploy(model_dirs, site, [])
     deadline = time.monotonic() + 4 * served_table.REFRESH_S
     while ADAPTER in listed(url) and time.monotonic() < deadline:
         time.sleep(0.5)

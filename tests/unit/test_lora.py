@@ -186,3 +186,26 @@ def test_a_folder_that_is_no_adapter_is_named_before_the_engine_starts(tmp_path)
     c = config(lora={"adapters": [{"name": "f", "source": str(tmp_path)}]}, tenants=[{"name": "a"}])
     with pytest.raises(FileNotFoundError, match="adapter 'f': .* has no adapter_config.json"):
         with_adapter_dirs(c.models[0], "/models/base", tmp_path / "cache")
+
+
+def test_an_adapter_from_an_installed_package_or_the_hub(tmp_path, monkeypatch):
+    """`pypi:PACKAGE` is the folder of an installed package (not imported); a hub id goes to
+    vLLM as is (it downloads it)."""
+    from llmserve.planning.adapters import adapter_dir
+
+    pkg = tmp_path / "site" / "llmserve_fake_adapter"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (pkg / "adapter_config.json").write_text("{}")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    sources = ["pypi:llmserve-fake-adapter", "org/support-lora", "pypi:llmserve-not-there"]
+    c = config(
+        lora={"adapters": [{"name": f"a{i}", "source": s} for i, s in enumerate(sources)]},
+        tenants=[{"name": "all"}],
+    )
+    m = c.models[0]
+    packaged, hub, missing = m.lora.adapters
+    assert adapter_dir(m, packaged, "/models/base", tmp_path) == str(pkg)
+    assert adapter_dir(m, hub, "/models/base", tmp_path) == "org/support-lora"
+    with pytest.raises(FileNotFoundError, match=r"'a2': .*not installed \(pip install it on"):
+        adapter_dir(m, missing, "/models/base", tmp_path)
