@@ -6,7 +6,10 @@ its own half), one router after the other in one run, the same Zipf-skewed traff
 Per router: adapter loads per 1,000 requests (requests sent to an engine that did not hold their
 adapter, as its replica last reported it: `x-route` says `adapter_held`), TTFT p50/p99 of the
 requests whose engine held their adapter and of those whose engine loaded it first, tokens/s,
-and which replicas served the hottest adapter.
+and which replicas served the hottest adapter. Then the spread: the coldest adapter, loaded by one
+request, then a burst of `SPREAD_REQUESTS` for it, `SPREAD_CONCURRENCY` at once (more than
+`adapter_load_margin` above the other replica's load): seconds from the burst's start to the
+first token of its first reply from a replica other than the one that loaded it.
 
     .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4] [--max-cpu-loras 4]
 
@@ -22,6 +25,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,7 @@ RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
 ADAPTERS = [f"bench-lora-{i}" for i in range(1, 9)]
 ROUTERS = {"adapter-aware": {"adapter_weight": 4.0}, "load-only": {"adapter_weight": 0.0}}
+SPREAD_REQUESTS, SPREAD_CONCURRENCY = 36, 12
 
 
 class AdapterPlatform(systems.Platform):
@@ -96,6 +101,26 @@ async def run_load(base_url: str, draws: list[str], a) -> tuple[list[tuple[str, 
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(a.concurrency)))
     return out, time.monotonic() - t0
+
+
+async def spread(base_url: str, a) -> dict[str, Any]:
+    """The coldest adapter loaded by one request, then a burst of it (module docstring)."""
+    cold = ADAPTERS[-1]
+    (_, first), _ = await run_load(
+        base_url, [cold], argparse.Namespace(**{**vars(a), "concurrency": 1})
+    )
+    burst = argparse.Namespace(**{**vars(a), "concurrency": SPREAD_CONCURRENCY})
+    replies, _ = await run_load(base_url, [cold] * SPREAD_REQUESTS, burst)
+    ok = [r for _, r in replies if r.status == 200 and r.done]
+    t0 = min(r.start_s for _, r in replies)
+    elsewhere = [r.start_s + r.ttft_s - t0 for r in ok if r.replica != first.replica and r.ttft_s]
+    return {
+        "adapter": cold,
+        "failed": len(replies) - len(ok),
+        "first_loaded_on": first.replica,
+        "by_replica": dict(sorted(Counter(r.replica for r in ok).items())),
+        "second_replica_after_s": round(min(elsewhere), 2) if elsewhere else None,
+    }
 
 
 def _p(xs: list[float], q: float) -> float | None:
@@ -163,6 +188,22 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{lo['p99']} | {r['tokens_per_s']} | {r['failed']} | "
             f"{r['hottest_adapter']}: {r['hottest_by_replica']} |"
         )
+    spreads = {k: r["spread"] for k, r in doc["routers"].items() if r.get("spread")}
+    if spreads:
+        lines += [
+            "",
+            f"Spread: the coldest adapter loaded by one request, then {SPREAD_REQUESTS} requests "
+            f"for it, {SPREAD_CONCURRENCY} at once.",
+            "",
+            "| router | adapter | first token from a second replica after (s) | replies by "
+            "replica | failed |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {k} | {v['adapter']} | {v['second_replica_after_s']} | {v['by_replica']} | "
+            f"{v['failed']} |"
+            for k, v in spreads.items()
+        ]
     aware, blind = (doc["routers"].get(k, {}) for k in ROUTERS)
     if "loads_per_1000" in aware and blind.get("loads_per_1000"):
         ratio = aware["loads_per_1000"] / blind["loads_per_1000"]
@@ -221,6 +262,7 @@ def main() -> None:
             entry["ready_s"], _ = start(system, 900)
             asyncio.run(run_load(system.base_url, warm, a))
             entry.update(summarize(*asyncio.run(run_load(system.base_url, draws, a))))
+            entry["spread"] = asyncio.run(spread(system.base_url, a))
             print(f"  {entry}", flush=True)
         except Exception as e:  # noqa: BLE001 - a failed router must still be stopped and reported
             entry["error"] = f"{type(e).__name__}: {e}"
