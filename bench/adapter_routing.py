@@ -106,7 +106,7 @@ async def run_load(base_url: str, draws: list[str], a) -> tuple[list[tuple[str, 
 async def spread(base_url: str, a) -> dict[str, Any]:
     """The coldest adapter loaded by one request, then a burst of it (module docstring)."""
     cold = ADAPTERS[-1]
-    (_, first), _ = await run_load(
+    [(_, first)], _ = await run_load(
         base_url, [cold], argparse.Namespace(**{**vars(a), "concurrency": 1})
     )
     burst = argparse.Namespace(**{**vars(a), "concurrency": SPREAD_CONCURRENCY})
@@ -118,7 +118,7 @@ async def spread(base_url: str, a) -> dict[str, Any]:
         "adapter": cold,
         "failed": len(replies) - len(ok),
         "first_loaded_on": first.replica,
-        "by_replica": dict(sorted(Counter(r.replica for r in ok).items())),
+        "by_replica": dict(sorted(Counter(str(r.replica) for r in ok).items())),
         "second_replica_after_s": round(min(elsewhere), 2) if elsewhere else None,
     }
 
