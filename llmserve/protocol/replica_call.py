@@ -227,6 +227,9 @@ class RoutingStats:
     timestamp_s: float | None = None  # the replica's time.time() when it reported
     cached_blocks: PackedBlocks | None = None  # None: the engine does not report its cache
     adapters: tuple[str, ...] | None = None  # LoRA adapters its engine holds; None: no LoRA
+    # Adapters it registered from its user_config (llmserve/replica/runtime_adapters.py), which
+    # other replicas of the model may not have yet while a change rolls out; None: none.
+    runtime_adapters: tuple[str, ...] | None = None
 
     def age_s(self, now_s: float) -> float | None:
         """Seconds since the report (0 for a clock ahead of ours); None without a stamp."""
@@ -237,9 +240,10 @@ class RoutingStats:
         blocks = d.pop("cached_blocks")
         if blocks is not None:  # absent rather than None, as an engine without a cache sends
             d["cached_blocks"] = blocks.to_stats()
-        adapters = d.pop("adapters")
-        if adapters is not None:  # absent, as an engine without LoRA (or an older one) sends
-            d["adapters"] = list(adapters)
+        for key in ("adapters", "runtime_adapters"):
+            names = d.pop(key)
+            if names is not None:  # absent, as an engine without LoRA (or an older one) sends
+                d[key] = list(names)
         return d
 
     @classmethod
@@ -247,8 +251,9 @@ class RoutingStats:
         known = _known(cls, d)
         if known.get("cached_blocks") is not None:
             known["cached_blocks"] = PackedBlocks.from_stats(known["cached_blocks"])
-        if known.get("adapters") is not None:
-            known["adapters"] = tuple(known["adapters"])
+        for key in ("adapters", "runtime_adapters"):
+            if known.get(key) is not None:
+                known[key] = tuple(known[key])
         return cls(**known)
 
 

@@ -315,6 +315,7 @@ class LLMServer:
             timestamp_s=time.time(),
             cached_blocks=None if cached is None else self._packed,
             adapters=None if self._adapters is None else tuple(sorted(self._adapters)),
+            runtime_adapters=self._runtime_adapters.names(),
         ).to_stats()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:

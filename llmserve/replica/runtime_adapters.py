@@ -62,6 +62,11 @@ class RuntimeAdapterSet:
                 self.loaded[a.name] = a
                 logger.info("adapter %s of %s loaded from %s", a.name, self._model.name, folder)
 
+    def names(self) -> tuple[str, ...] | None:
+        """For the routing stats: the request router sends a runtime adapter's requests only to
+        replicas that registered it (None: none registered)."""
+        return tuple(sorted(self.loaded)) or None
+
     def listed(self) -> list[dict[str, Any]]:
         """For the Router's table of served names (llmserve/router/served_table.py)."""
         return [a.model_dump() for a in self.loaded.values()]

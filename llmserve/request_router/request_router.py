@@ -96,6 +96,7 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
             candidate_replicas = [
                 r for r in candidate_replicas if r.replica_id.unique_id != avoid
             ] or candidate_replicas
+        candidate_replicas = _registering(candidate_replicas, pending_request)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]
@@ -242,13 +243,33 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         self._in_flight.forget(replica_id)
 
 
+def _registering(
+    candidates: list[RunningReplica], pending_request: PendingRequest | None
+) -> list[RunningReplica]:
+    """For a request naming an adapter that some candidates registered from their user_config:
+    those only (while a change rolls out, the others would answer 404); else all."""
+    adapter = _adapter_of(pending_request)
+    if adapter is None:
+        return candidates
+    registered = [
+        r
+        for r in candidates
+        if adapter in (RoutingStats.from_stats(r.routing_stats).runtime_adapters or ())
+    ]
+    return registered or candidates
+
+
+def _adapter_of(pending_request: PendingRequest | None) -> str | None:
+    args = getattr(pending_request, "args", None) or ()
+    return getattr(args[0], "adapter", None) if args else None
+
+
 def _adapter_holders(
     candidates: list[RunningReplica], pending_request: PendingRequest | None
 ) -> frozenset[str] | None:
     """For a request naming a LoRA adapter, the candidates whose engines hold it (their last
     stats); None for a request for the base model."""
-    args = getattr(pending_request, "args", None) or ()
-    adapter = getattr(args[0], "adapter", None) if args else None
+    adapter = _adapter_of(pending_request)
     if adapter is None:
         return None
     return frozenset(

@@ -34,6 +34,7 @@ def server(stats: EngineStats, cached: CachedBlocks | None = None, queued: float
     s._engine = StubEngine(stats, cached)
     s._num_probing, s._unhealthy_reason, s._packed = 0, None, None
     s._adapters, s._adapter_metrics = None, SimpleNamespace(export=lambda held: None)
+    s._runtime_adapters = SimpleNamespace(names=lambda: None)
     s._replica_id = "local"
 
     async def router_queued() -> float:

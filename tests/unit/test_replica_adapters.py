@@ -73,3 +73,28 @@ def test_adapter_loads_and_evictions_are_the_changes_between_two_looks():
     assert sorted(m.loads.calls) == [("a", 1), ("b", 1), ("c", 1)]
     assert m.evictions.calls == [("b", 1)]
     assert sorted(m.held.calls) == [("a", 1), ("b", 0), ("b", 1), ("c", 1)]
+
+
+async def test_a_runtime_adapter_goes_only_to_replicas_that_registered_it():
+    """While a user_config change rolls out, a replica that has not registered the new adapter
+    would answer 404: its requests go to those that did, however loaded; others as before."""
+    from llmserve.protocol.replica_call import ReplicaRequest
+    from llmserve.replica.runtime_adapters import RuntimeAdapterSet
+    from llmserve.request_router import route_notes
+    from tests.unit.router_helpers import llm_router, replica, request
+
+    names = RuntimeAdapterSet(None, None, "", None)
+    assert names.names() is None  # nothing registered: absent from the stats
+    names.loaded = {"new-lora": None, "a-lora": None}
+    assert names.names() == ("a-lora", "new-lora")
+    registered = replica("new", 0.1, num_running=30, num_waiting=8, runtime_adapters=names.names())
+    stale = replica("old", 0.1, num_running=0, num_waiting=0)
+    router = llm_router()
+    went = []
+    for i, adapter in enumerate(["new-lora"] * 5 + [None] * 5):
+        pending = request()
+        pending.args = (ReplicaRequest(f"r{i}", "/v1/completions", b"{}", adapter=adapter),)
+        ranks = await router.choose_replicas([stale, registered], pending)
+        went.append(ranks[0][0].replica_id.unique_id)
+        route_notes.take(f"r{i}")
+    assert went == ["new"] * 5 + ["old"] * 5
