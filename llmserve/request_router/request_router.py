@@ -96,12 +96,11 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
             candidate_replicas = [
                 r for r in candidate_replicas if r.replica_id.unique_id != avoid
             ] or candidate_replicas
-        candidate_replicas = _registering(candidate_replicas, pending_request)
+        candidate_replicas, holders = _for_adapter(candidate_replicas, pending_request)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         now_s = time.time()
         loads = [replica_load(r, self._in_flight[r.replica_id], now_s) for r in candidate_replicas]
         session = self._session_of(pending_request)
-        holders = _adapter_holders(candidate_replicas, pending_request)
         # vLLM keys an adapter's blocks by the adapter too: the prompt's base-model hashes
         # would credit blocks it cannot use.
         keys = (
@@ -243,40 +242,24 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         self._in_flight.forget(replica_id)
 
 
-def _registering(
+def _for_adapter(
     candidates: list[RunningReplica], pending_request: PendingRequest | None
-) -> list[RunningReplica]:
-    """For a request naming an adapter that some candidates registered from their user_config:
-    those only (while a change rolls out, the others would answer 404); else all."""
-    adapter = _adapter_of(pending_request)
-    if adapter is None:
-        return candidates
-    registered = [
-        r
-        for r in candidates
-        if adapter in (RoutingStats.from_stats(r.routing_stats).runtime_adapters or ())
-    ]
-    return registered or candidates
-
-
-def _adapter_of(pending_request: PendingRequest | None) -> str | None:
+) -> tuple[list[RunningReplica], frozenset[str] | None]:
+    """For a request naming a LoRA adapter: the candidates that registered it from their
+    user_config if any did (while a change rolls out, the others would answer 404; an args
+    adapter is registered everywhere), and among them those whose engines hold it (their last
+    stats). For a request for the base model: all candidates, and None."""
     args = getattr(pending_request, "args", None) or ()
-    return getattr(args[0], "adapter", None) if args else None
-
-
-def _adapter_holders(
-    candidates: list[RunningReplica], pending_request: PendingRequest | None
-) -> frozenset[str] | None:
-    """For a request naming a LoRA adapter, the candidates whose engines hold it (their last
-    stats); None for a request for the base model."""
-    adapter = _adapter_of(pending_request)
+    adapter = getattr(args[0], "adapter", None) if args else None
     if adapter is None:
-        return None
-    return frozenset(
-        r.replica_id.unique_id
-        for r in candidates
-        if adapter in (RoutingStats.from_stats(r.routing_stats).adapters or ())
+        return candidates, None
+    stats = [(r, RoutingStats.from_stats(r.routing_stats)) for r in candidates]
+    registered = [(r, st) for r, st in stats if adapter in (st.runtime_adapters or ())]
+    chosen = registered or stats
+    holders = frozenset(
+        r.replica_id.unique_id for r, st in chosen if adapter in (st.adapters or ())
     )
+    return [r for r, _ in chosen], holders
 
 
 def _request_id(pending_request: PendingRequest | None) -> str | None:

@@ -23,7 +23,7 @@ class StubEngine:
         return self.cached
 
     def shutdown(self) -> None:
-        pass
+        return None  # no engine process to end
 
 
 def server(stats: EngineStats, cached: CachedBlocks | None = None, queued: float = 0.0):

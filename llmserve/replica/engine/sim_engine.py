@@ -213,7 +213,7 @@ class SimEngine:
         raise ValueError(f"adapter {name!r}: a simulated model has no LoRA adapters")
 
     async def unload_adapter(self, name: str) -> None:
-        pass
+        return None  # nothing to forget: load_adapter registers none
 
     def cached_blocks(self) -> None:
         return None  # no prefix cache simulated: prefix-aware routing weighs load alone
