@@ -111,6 +111,18 @@ class AdmissionConfig(Strict):
             "(llmserve_ttft_objective_total); a class without one (batch) has only its deadline.",
         )
     )
+    adaptive_in_flight: bool = Field(
+        default=True,
+        description="Each model's in-flight cap (max_ongoing_requests x replicas) shrinks when "
+        "streamed requests of a class with a first-token objective miss it, and grows back "
+        "while they keep it with room (llmserve/policies/in_flight_limit.py). Without "
+        "objectives it never moves.",
+    )
+    min_in_flight: int = Field(
+        default=4,
+        ge=1,
+        description="The least the adaptive limit lets in at once, per model and Router replica.",
+    )
     ageing_s: float = Field(
         default=20.0, ge=0, description="Queued work gains one level per ageing_s; 0 = off."
     )

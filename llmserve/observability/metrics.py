@@ -114,7 +114,7 @@ class RouterMetrics:
         )
         self.capacity = Gauge(
             "llmserve_admission_capacity",
-            description="In-flight cap of this Router replica, per model.",
+            description="In-flight cap of this Router replica, per model: the adaptive limit.",
             tag_keys=("model",),
         )
         self.rejections = Counter(

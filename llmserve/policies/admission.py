@@ -13,7 +13,9 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names, so
-  that batch work may wait its turn where interactive work should be refused at once.
+  that batch work may wait its turn where interactive work should be refused at once;
+  `set_max_wait_s` moves a level's bound (what is left of a promise once the engine's own
+  time to a first token is taken from it).
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
 - `mark_preemptible` an in-flight entry that can stop and resume later (a tracked stream):
   a newcomer of a class with a first-token promise that would otherwise wait, or miss its
@@ -22,19 +24,16 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   queue again, as a new arrival of its class (`Admit.preempted`).
 
 Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
-arrival. With ageing, an entry's effective priority drops by one every `ageing_s` seconds
-it waits, so batch work passes newer interactive work after long enough and is never
-starved.
+arrival; with ageing, an entry's effective priority drops by one every `ageing_s` seconds it
+waits, so batch work passes newer interactive work after long enough and is never starved.
 
-Reserved slots: requests of the capped class (base priority >= `capped_priority`, batch by
-default) hold at most `batch_max_share` of the engines' slots (`engine_slots`: the sequences
-the model's engines run at once, at least one), not of the capacity, which is larger on
-purpose (the engines' own waiting line refills a finished sequence's slot at the next step).
-vLLM's priority scheduling only orders its waiting line and never stops a running sequence:
-without the cap an interactive request would wait for a batch sequence to finish. At share 1
-(no reservation) the class may hold the whole capacity. Invariant after every call: every
-queued entry that could start has started, so a newcomer admitted at once overtakes only
-capped entries held back by their cap. How long an entry would wait: wait_estimate.py.
+Reserved slots: the capped class (base priority >= `capped_priority`, batch by default)
+holds at most `batch_max_share` of the engines' slots (`engine_slots`: the sequences the
+model's engines run at once), not of the capacity, which is larger on purpose (the engines'
+waiting line refills a finished sequence's slot at the next step). vLLM's priority scheduling
+never stops a running sequence: without the cap an interactive request would wait for a batch
+one to finish. At share 1 the class may hold the whole capacity. Invariant after every call:
+every queued entry that could start has started. How long one would wait: wait_estimate.py.
 """
 
 from __future__ import annotations
@@ -261,12 +260,9 @@ class AdmissionPolicy:
     def set_capacity(
         self, capacity: int, now_s: float, engine_slots: int | None = None
     ) -> list[str]:
-        """Follow the live replicas (max_ongoing_requests x replicas, and their engines'
-        max_num_seqs x replicas); return ids that start.
-
-        A shrink never stops running requests: in-flight may stay above the new capacity,
-        and nothing starts until it has dropped below.
-        """
+        """Follow the live replicas (max_ongoing_requests x replicas, or less: the adaptive
+        limit, and their engines' max_num_seqs x replicas); return ids that start. A shrink
+        never stops running requests: nothing starts until in-flight has dropped below it."""
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self._capacity = capacity
@@ -278,6 +274,9 @@ class AdmissionPolicy:
         if engine_slots is not None and engine_slots < 0:
             raise ValueError(f"engine_slots must be >= 0, got {engine_slots}")
         return engine_slots
+
+    def set_max_wait_s(self, priority: int, bound_s: float) -> None:
+        self._max_queue_wait_s_by_level[priority] = bound_s
 
     def mark_preemptible(self, entry_id: str, priority: int) -> None:
         """This in-flight entry may give its slot to a more urgent one (until `release`)."""

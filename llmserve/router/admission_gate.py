@@ -19,6 +19,7 @@ from llmserve.config.app_config import AppConfig, ModelConfig, TenantConfig
 from llmserve.observability import tracing
 from llmserve.policies import readiness
 from llmserve.policies.admission import AdmissionPolicy, Admit, Queue, Reject
+from llmserve.policies.in_flight_limit import InFlightLimit
 from llmserve.policies.rate_limit import TenantLimiter
 from llmserve.protocol.openai_protocol import OpenAIError
 
@@ -45,6 +46,9 @@ class Ticket:
 
 
 UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
+# The least a class with a promise may wait in the queue, however slow the engine's first token:
+# enough for a slot that frees within a tick.
+MIN_PROMISE_WAIT_S = 0.1
 
 
 def _initial_replicas(model: ModelConfig) -> int:
@@ -79,6 +83,13 @@ class Gate:
         }
         self._models = {m.name: m for m in config.models}
         adm = config.admission
+        self._objective_s = {
+            adm.priority_levels[c]: s for c, s in adm.ttft_objective_s_by_class.items()
+        }
+        self._max_wait_s = {  # as configured, for the levels with a promise
+            level: adm.max_queue_wait_s_by_level().get(level, adm.max_queue_wait_s)
+            for level in self._objective_s
+        }
         self._queues = {
             m.name: AdmissionPolicy(
                 capacity=self._capacity(m, _initial_replicas(m)),
@@ -89,11 +100,16 @@ class Gate:
                 capped_priority=max(adm.priority_levels.values()),
                 batch_max_share=adm.batch_max_share,
                 engine_slots=self._engine_slots(m, _initial_replicas(m)),
-                ttft_objective_s_by_level={
-                    adm.priority_levels[c]: s for c, s in adm.ttft_objective_s_by_class.items()
-                },
+                ttft_objective_s_by_level=self._objective_s,
             )
             for m in config.models
+        }
+        # What the model's replicas may hold, and the part of it they serve within promises.
+        self._caps = {m.name: self._queues[m.name].capacity for m in config.models}
+        self._limits = {
+            m.name: InFlightLimit(min_limit=adm.min_in_flight, max_limit=self._caps[m.name])
+            for m in config.models
+            if adm.adaptive_in_flight
         }
         self._live_replicas: dict[str, int] = {}  # unknown until the first refresh
         self._may_scale_to_zero = frozenset(
@@ -126,9 +142,15 @@ class Gate:
     # ------------------------------------------------------------------------------ admission
 
     async def admit(
-        self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
+        self,
+        tenant: TenantConfig,
+        model: str,
+        num_tokens: int,
+        timeout_s: float,
+        streamed: bool = False,
     ) -> Ticket:
-        """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors."""
+        """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors.
+        `streamed`: its first token will be seen (`first_token`), so it may move the limit."""
         with tracing.tracer.start_as_current_span("rate_limit", record_exception=False) as span:
             span.set_attribute("llmserve.tenant", tenant.name)
             ticket = self._check_limits(tenant, model, num_tokens, timeout_s)
@@ -140,7 +162,13 @@ class Gate:
                 self._limiters[tenant.name].settle(num_tokens, 0, self.clock())
                 ticket.finished = True
                 raise
-            ticket.queue_wait_s = self.clock() - ticket.admitted_at
+            now = self.clock()
+            ticket.queue_wait_s = now - ticket.admitted_at
+            objective_s = self._objective_s.get(ticket.priority)
+            if streamed and objective_s is not None and model in self._limits:
+                self._limits[model].started(
+                    ticket.entry_id, ticket.priority, ticket.admitted_at, objective_s, now
+                )
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         return ticket
 
@@ -209,6 +237,7 @@ class Gate:
         ticket.priority = priority
         for r in queue.poll(now):  # expired entries must not count against the newcomer
             self._fail_waiter(ticket.model, r)
+        self._refuse_a_late_start(ticket, priority)
         decision = queue.offer(ticket.entry_id, priority, now)
         if isinstance(decision, Admit):
             if decision.preempted is not None:
@@ -237,6 +266,15 @@ class Gate:
             raise
         finally:
             self._waiters.pop(ticket.entry_id, None)
+
+    def _refuse_a_late_start(self, ticket: Ticket, priority: int) -> None:
+        """Refuses now (503) a request whose class promise the line to a first token already
+        breaks: admitted, it would only lengthen the line and miss."""
+        objective_s, limit = self._objective_s.get(priority), self._limits.get(ticket.model)
+        expected_s = None if limit is None else limit.expected_first_s(priority)
+        if objective_s is not None and expected_s is not None and expected_s > objective_s:
+            retry_s = max(1.0, expected_s - objective_s)
+            raise self._rejection(ticket.model, Reject(ticket.entry_id, "queue_wait", retry_s))
 
     def preemptible(self, ticket: Ticket, on_preempt: Callable[[], None]) -> None:
         """`ticket`'s request may stop for a more urgent one and resume later: `on_preempt`
@@ -296,6 +334,26 @@ class Gate:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    def first_token(self, ticket: Ticket, at_s: float) -> None:
+        """`ticket`'s first token was in hand at `at_s` (the gate's clock): its class's promise
+        kept or missed moves the model's in-flight limit."""
+        limit = self._limits.get(ticket.model)
+        if limit is not None:
+            limit.first_token(ticket.entry_id, at_s, self._queues[ticket.model].num_in_flight)
+            self._follow_limit(ticket.model)
+
+    def _follow_limit(self, model: str) -> None:
+        queue, limit = self._queues[model], self._limits.get(model)
+        if limit is not None and limit.engine_s is not None:
+            # What a promise leaves for the queue once the engine has taken its part: a request
+            # that would wait longer is refused now, not started to miss.
+            for level, objective_s in self._objective_s.items():
+                left_s = min(self._max_wait_s[level], objective_s - limit.engine_s)
+                queue.set_max_wait_s(level, max(MIN_PROMISE_WAIT_S, left_s))
+        capacity = self._caps[model] if limit is None else min(self._caps[model], limit.limit)
+        if capacity != queue.capacity:
+            self._start(queue.set_capacity(capacity, self.clock(), queue.engine_slots))
+
     def finish(self, ticket: Ticket, num_used_tokens: int) -> None:
         """Give back the slot, the concurrency unit and the unused tokens. Idempotent."""
         if ticket.finished:
@@ -305,6 +363,8 @@ class Gate:
         self._concurrent[ticket.tenant] -= 1
         self._limiters[ticket.tenant].settle(ticket.num_reserved_tokens, num_used_tokens, now)
         self._preemptible.pop(ticket.entry_id, None)
+        if ticket.model in self._limits:
+            self._limits[ticket.model].forget(ticket.entry_id)
         queue = self._queues[ticket.model]
         if queue.cancel(ticket.entry_id):  # preempted, and ended while it waited to go on
             self._waiters.pop(ticket.entry_id, None)
@@ -319,10 +379,16 @@ class Gate:
         for model, queue in self._queues.items():
             for r in queue.poll(now):
                 self._fail_waiter(model, r)
+            if model in self._limits and self._limits[model].overdue(now):
+                self._follow_limit(model)
 
     def set_live_replicas(self, model: str, num_replicas: int) -> None:
         self._live_replicas[model] = num_replicas
-        capacity = self._capacity(self._models[model], num_replicas)
+        capacity = self._caps[model] = self._capacity(self._models[model], num_replicas)
+        limit = self._limits.get(model)
+        if limit is not None:
+            limit.set_max(capacity)
+            capacity = min(capacity, limit.limit)
         engine_slots = self._engine_slots(self._models[model], num_replicas)
         queue = self._queues[model]
         if (capacity, engine_slots) != (queue.capacity, queue.engine_slots):

@@ -134,7 +134,9 @@ class Dispatcher:
         # A refusal (429, 503) is an answer, not a crash: no traceback on the span (formatting
         # one for every 429 of a flood would take the Router's event loop).
         with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
-            ticket = await self._gate.admit(tenant, model.name, num_tokens, terms.timeout_s)
+            ticket = await self._gate.admit(
+                tenant, model.name, num_tokens, terms.timeout_s, streamed=body.get("stream") is True
+            )
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         trail.queue_wait_s = ticket.queue_wait_s
         reply_headers = dict(ticket.rate_headers)
@@ -205,6 +207,8 @@ class Dispatcher:
             if route is not None:
                 span.set_attributes(route.attributes())
         trail.first_s = time.monotonic()
+        if head.is_stream:
+            self._gate.first_token(admitted.ticket, self._gate.clock())
         trail.replica = head.replica_id
         reply_headers = admitted.reply_headers
         if self._config.http.debug_headers and head.replica_id:

@@ -1,0 +1,136 @@
+"""An in-flight limit that follows the first-token times the engines give: AIMD on promises.
+
+The fixed cap (`max_ongoing_requests` x replicas) is what a replica may hold, not what it can
+serve within a class's first-token promise: that depends on prompt lengths, the engine's
+prefill speed and the host, and a replica admitted up to its cap can keep requests for seconds
+before their first token (prefill steps batch every waiting prompt; the frontend tokenizes under
+load). The wait estimate (wait_estimate.py) cannot see that; the promises kept or missed can.
+
+Each admitted request of a class with a promise is tracked until its first token, due at its
+arrival plus its class's objective. Pure; the clock is passed in.
+
+- Decrease: a request past due without a first token (seen on `first_token` or, sooner, on
+  `overdue`, so a stalled engine is noticed after the objective, not after the late token)
+  multiplies the limit by `decrease`. Once per round: only requests that started after the
+  last decrease count, as TCP's congestion window does, since the earlier ones were admitted
+  under the old limit.
+- Increase: a first token within `headroom` of its objective while the limit binds (at least
+  `limit` in flight) adds one. Between the two the limit holds, so it settles instead of
+  oscillating at every sample.
+- The engine's own time to a first token (from the slot to the token, a moving mean): what a
+  promise leaves for the queue. The gate refuses a request that would wait longer than that,
+  rather than start it to miss; so a miss here speaks of the engine, not of the queue.
+- The line to a first token: `expected_first_s` is when a request starting now would have its
+  first token, behind the tracked ones of its class or a more urgent one still waiting for
+  theirs, one every mean gap between first tokens while a line waited (the engine's rate of
+  starting requests: prefill batches several, so gaps are measured, not assumed). It leads
+  where the limit lags: at a load's onset the line grows at once, misses show a promise later.
+- Bounds: never below `min_limit` nor above `max_limit` (the configured cap). Requests without
+  a promise (batch) are never tracked: a batch flood alone keeps the whole cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Weight of the newest sample in the moving means (the engine's time to a first token, the gap
+# between first tokens): they follow a load change within a few dozen requests.
+MEAN_WEIGHT = 0.2
+
+
+@dataclass(frozen=True)
+class _Tracked:
+    started_s: float
+    due_s: float
+    objective_s: float
+    priority: int
+
+
+class InFlightLimit:
+    def __init__(
+        self,
+        *,
+        min_limit: int,
+        max_limit: int,
+        decrease: float = 0.8,
+        headroom: float = 0.5,
+    ) -> None:
+        if not 1 <= min_limit:
+            raise ValueError(f"min_limit must be >= 1, got {min_limit}")
+        if not 0 < decrease < 1:
+            raise ValueError(f"decrease must be in (0, 1), got {decrease}")
+        if not 0 < headroom <= 1:
+            raise ValueError(f"headroom must be in (0, 1], got {headroom}")
+        self._min = min_limit
+        self._max = max(min_limit, max_limit)
+        self._decrease = decrease
+        self._headroom = headroom
+        self.limit = self._max
+        self._tracked: dict[str, _Tracked] = {}
+        self._last_decrease_s = -math.inf
+        self.num_decreases = 0
+        self.engine_s: float | None = None  # mean seconds from a slot to the first token
+        self.gap_s: float | None = None  # mean seconds between first tokens while a line waits
+        self._line_since_s: float | None = None  # the last first token, if a line waited behind
+
+    def set_max(self, max_limit: int) -> None:
+        """The cap followed the live replicas: the limit keeps its share of it (replicas that
+        come serve as the others do)."""
+        new_max = max(self._min, max_limit)
+        share = self.limit / self._max
+        self._max = new_max
+        self.limit = max(self._min, min(new_max, round(share * new_max)))
+
+    def started(
+        self, entry_id: str, priority: int, arrival_s: float, objective_s: float, now_s: float
+    ) -> None:
+        """A request of a class with a first-token objective took its slot."""
+        self._tracked[entry_id] = _Tracked(now_s, arrival_s + objective_s, objective_s, priority)
+
+    def expected_first_s(self, priority: int) -> float | None:
+        """Seconds until a request of `priority` starting now would have its first token; None
+        while nothing of its class or above waits for one, or before any line was seen."""
+        ahead = sum(1 for t in self._tracked.values() if t.priority <= priority)
+        if self.gap_s is None or ahead == 0:
+            return None
+        return (ahead + 1) * self.gap_s
+
+    def forget(self, entry_id: str) -> None:
+        """It ended (or was never tracked): nothing more to learn from it."""
+        self._tracked.pop(entry_id, None)
+
+    def first_token(self, entry_id: str, now_s: float, num_in_flight: int) -> bool:
+        """Its first token came; True if the limit changed."""
+        t = self._tracked.pop(entry_id, None)
+        if t is None:
+            return False
+        self.engine_s = _moving_mean(self.engine_s, now_s - t.started_s)
+        if self._line_since_s is not None:
+            self.gap_s = _moving_mean(self.gap_s, now_s - self._line_since_s)
+        self._line_since_s = now_s if self._tracked else None
+        if now_s > t.due_s:
+            return self._late(t, now_s)
+        waited_s = now_s - (t.due_s - t.objective_s)
+        binding = num_in_flight >= self.limit
+        if waited_s <= self._headroom * t.objective_s and binding and self.limit < self._max:
+            self.limit += 1
+            return True
+        return False
+
+    def overdue(self, now_s: float) -> bool:
+        """Requests past due still without a first token; True if the limit changed."""
+        return any(self._late(t, now_s) for t in list(self._tracked.values()) if now_s > t.due_s)
+
+    def _late(self, t: _Tracked, now_s: float) -> bool:
+        if t.started_s <= self._last_decrease_s or self.limit <= self._min:
+            return False
+        self.limit = max(self._min, math.floor(self.limit * self._decrease))
+        # Whatever started until now was admitted under the old limit: it ends this round.
+        self._last_decrease_s = now_s
+        self.num_decreases += 1
+        return True
+
+
+def _moving_mean(mean: float | None, sample: float) -> float:
+    return sample if mean is None else mean + MEAN_WEIGHT * (sample - mean)

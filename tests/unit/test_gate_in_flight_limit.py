@@ -1,0 +1,119 @@
+"""The Gate and the adaptive in-flight limit: streamed requests' first tokens move the model's
+cap, the line to a first token refuses what would miss its promise, and none of it touches a
+class without a promise or a non-streamed request."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.protocol.openai_protocol import OpenAIError
+from tests.unit.gate_helpers import MODEL, assert_idle, make_gate, settle
+
+TENANTS = (
+    {"name": "std", "priority": "standard"},
+    {"name": "batch", "priority": "batch"},
+)
+
+
+def gate_with_promise(**admission):
+    return make_gate(
+        *TENANTS,
+        max_ongoing_requests=10,
+        max_num_seqs=8,
+        ttft_objective_s_by_class={"standard": 2.0},
+        min_in_flight=2,
+        **admission,
+    )
+
+
+async def admit(gate, tenant, streamed=True):
+    return await gate.admit(tenant, MODEL, 10, 60, streamed=streamed)
+
+
+def capacity(gate) -> int:
+    return gate.snapshot()[MODEL]["capacity"]
+
+
+async def test_a_missed_promise_cuts_the_cap_and_kept_ones_with_room_grow_it_back():
+    gate, tenants, clock = gate_with_promise()
+    assert capacity(gate) == 10
+    tickets = [await admit(gate, tenants["std"]) for _ in range(10)]
+    clock.now_s += 2.5
+    gate.first_token(tickets[0], clock())  # 2.5 s for a 2 s promise
+    assert capacity(gate) == 8
+    for t in tickets:
+        gate.finish(t, 10)
+    # Under the new cap, first tokens well within the promise while it binds: one more each.
+    tickets = [await admit(gate, tenants["std"]) for _ in range(8)]
+    clock.now_s += 0.3
+    gate.first_token(tickets[0], clock())
+    assert capacity(gate) == 9
+    for t in tickets:
+        gate.finish(t, 10)
+    assert_idle(gate)
+
+
+async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_after_the_promise():
+    gate, tenants, clock = gate_with_promise()
+    ticket = await admit(gate, tenants["std"])
+    clock.now_s += 1.9
+    gate.tick()
+    assert capacity(gate) == 10
+    clock.now_s += 0.2
+    gate.tick()
+    assert capacity(gate) == 8
+    gate.finish(ticket, 10)
+    assert_idle(gate)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "streamed", "admission"),
+    [
+        ("batch", True, {}),  # no promise
+        ("std", False, {}),  # no first token the Router sees before the end
+        ("std", True, {"adaptive_in_flight": False}),  # off in config
+    ],
+)
+async def test_untracked_requests_never_move_the_cap(tenant, streamed, admission):
+    gate, tenants, clock = gate_with_promise(**admission)
+    ticket = await admit(gate, tenants[tenant], streamed=streamed)
+    clock.now_s += 30
+    gate.tick()
+    gate.first_token(ticket, clock())
+    assert capacity(gate) == 10
+    gate.finish(ticket, 10)
+
+
+async def test_a_line_to_the_first_token_longer_than_the_promise_is_refused_at_once():
+    gate, tenants, clock = gate_with_promise()
+    tickets = [await admit(gate, tenants["std"]) for _ in range(6)]
+    clock.now_s += 0.3
+    gate.first_token(tickets[0], clock())
+    clock.now_s += 0.5  # one first token every 0.5 s while a line waits
+    gate.first_token(tickets[1], clock())
+    # Four still wait for theirs: a newcomer's would come after 5 x 0.5 s > 2 s.
+    with pytest.raises(OpenAIError) as e:
+        await admit(gate, tenants["std"])
+    assert e.value.status == 503 and e.value.code == "queue_wait"
+    assert e.value.headers["Retry-After"] == "1"  # 2.5 s - 2 s, at least a second
+    assert gate.num_rejected[(MODEL, "queue_wait")] == 1
+    # Batch has no promise to break: it is admitted as before.
+    batch = await admit(gate, tenants["batch"])
+    gate.first_token(tickets[2], clock.now_s + 0.1)  # three wait now: 4 x 0.4 s fits
+    clock.now_s += 0.1
+    late = await admit(gate, tenants["std"])
+    for t in [*tickets, batch, late]:
+        gate.finish(t, 10)
+    await settle()
+    assert_idle(gate)
+
+
+async def test_the_queue_keeps_for_a_promise_what_the_engine_leaves_of_it():
+    gate, tenants, clock = gate_with_promise(max_queue_wait_s=5)
+    ticket = await admit(gate, tenants["std"])
+    clock.now_s += 1.5  # the engine takes 1.5 s to a first token
+    gate.first_token(ticket, clock())
+    queue = gate._queues[MODEL]
+    assert queue.max_wait_s(1) == pytest.approx(0.5)  # standard's 2 s less the engine's 1.5
+    assert queue.max_wait_s(2) == 5  # batch: as configured
+    gate.finish(ticket, 10)

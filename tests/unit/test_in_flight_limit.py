@@ -1,0 +1,156 @@
+"""The adaptive in-flight limit (llmserve/policies/in_flight_limit.py): promises missed cut it,
+promises kept with room while it binds grow it, once per round, within its bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmserve.policies.in_flight_limit import InFlightLimit
+
+OBJECTIVE_S = 2.0
+
+
+def limit(max_limit: int = 40, min_limit: int = 4) -> InFlightLimit:
+    return InFlightLimit(min_limit=min_limit, max_limit=max_limit)
+
+
+def test_starts_at_the_cap_and_a_kept_promise_without_load_leaves_it():
+    lim = limit()
+    assert lim.limit == 40
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert not lim.first_token("a", 0.3, num_in_flight=3)
+    assert lim.limit == 40
+
+
+def test_a_late_first_token_cuts_the_limit_by_a_fifth():
+    lim = limit()
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.1)
+    assert lim.first_token("a", 2.5, num_in_flight=40)
+    assert lim.limit == 32
+
+
+def test_the_due_time_counts_from_arrival_so_a_queue_wait_makes_it_late():
+    lim = limit()
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 1.5)  # waited 1.5 s in the queue, then 0.6 s to its token
+    assert lim.first_token("a", 2.1, num_in_flight=10)
+    assert lim.limit == 32
+
+
+def test_one_cut_per_round_the_requests_admitted_before_it_do_not_cut_again():
+    lim = limit()
+    for i in range(10):
+        lim.started(f"r{i}", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert lim.first_token("r0", 3.0, num_in_flight=40)
+    for i in range(1, 10):
+        assert not lim.first_token(f"r{i}", 3.0 + i, num_in_flight=40)
+    assert (lim.limit, lim.num_decreases) == (32, 1)
+    lim.started("after", 1, 3.5, OBJECTIVE_S, 3.5)  # admitted under the new limit, and late too
+    assert lim.first_token("after", 6.0, num_in_flight=32)
+    assert lim.limit == 25
+
+
+def test_a_request_past_due_without_its_token_cuts_before_the_token_comes():
+    lim = limit()
+    lim.started("stalled", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert not lim.overdue(1.9)
+    assert lim.overdue(2.1)
+    assert lim.limit == 32
+    assert not lim.overdue(5.0)  # the same round
+    assert not lim.first_token("stalled", 9.0, num_in_flight=32)  # counted once
+    assert lim.limit == 32
+
+
+@pytest.mark.parametrize(
+    ("took_s", "in_flight", "grows"),
+    [
+        (0.5, 20, True),  # within half its objective while the limit binds
+        (1.0, 20, True),  # exactly half
+        (1.5, 20, False),  # kept, but without room: hold
+        (0.5, 19, False),  # the limit did not bind: nothing learned about more
+    ],
+)
+def test_growth_needs_room_and_a_binding_limit(took_s, in_flight, grows):
+    lim = limit()
+    lim.started("late", 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.first_token("late", 3.0, num_in_flight=40)  # 40 -> 32
+    lim.started("late2", 1, 3.5, OBJECTIVE_S, 3.5)
+    lim.first_token("late2", 6.0, num_in_flight=32)  # 32 -> 25
+    lim.started("b", 1, 7.0, OBJECTIVE_S, 7.0)
+    lim.first_token("b", 9.5, num_in_flight=25)  # 25 -> 20
+    assert lim.limit == 20
+    lim.started("ok", 1, 10.0, OBJECTIVE_S, 10.0)
+    assert lim.first_token("ok", 10.0 + took_s, num_in_flight=in_flight) is grows
+    assert lim.limit == (21 if grows else 20)
+
+
+def test_bounds_the_floor_and_the_cap():
+    lim = limit(max_limit=6, min_limit=4)
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.first_token("a", 3.0, num_in_flight=6)
+    assert lim.limit == 4
+    lim.started("b", 1, 4.0, OBJECTIVE_S, 4.0)
+    assert not lim.first_token("b", 9.0, num_in_flight=4)  # at the floor: stays
+    for i in range(5):
+        lim.started(f"g{i}", 1, 10.0, OBJECTIVE_S, 10.0)
+        lim.first_token(f"g{i}", 10.2, num_in_flight=lim.limit)
+    assert lim.limit == 6  # grew back to the cap, not past it
+
+
+def test_the_limit_keeps_its_share_of_the_cap_as_replicas_come_and_go():
+    lim = limit(max_limit=48)
+    lim.set_max(24)  # a replica left
+    assert lim.limit == 24
+    lim.set_max(72)  # two more came
+    assert lim.limit == 72
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert lim.first_token("a", 3.0, num_in_flight=72)
+    assert lim.limit == 57  # 0.8 of the cap
+    lim.set_max(24)
+    assert lim.limit == 19
+    lim.set_max(0)  # scaled to zero: the floor
+    assert lim.limit == 4
+
+
+def test_ended_requests_are_forgotten():
+    lim = limit()
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.forget("a")
+    assert not lim.overdue(10.0)
+    assert lim.limit == 40
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"min_limit": 0}, {"decrease": 1.0}, {"decrease": 0.0}, {"headroom": 0.0}],
+)
+def test_bad_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        InFlightLimit(**{"min_limit": 1, "max_limit": 8, **kwargs})
+
+
+def test_the_line_to_a_first_token_is_measured_in_gaps_while_a_line_waited():
+    lim = limit()
+    assert lim.expected_first_s(1) is None  # nothing seen yet
+    for i in range(4):
+        lim.started(f"r{i}", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert lim.expected_first_s(1) is None  # a line, but no gap measured yet
+    lim.first_token("r0", 0.5, num_in_flight=4)  # the first: a latency, not a gap
+    assert lim.gap_s is None
+    lim.first_token("r1", 0.8, num_in_flight=4)  # 0.3 s after r0, with r1..r3 waiting
+    assert lim.gap_s == pytest.approx(0.3)
+    # Two still wait: a newcomer of their class is third in line.
+    assert lim.expected_first_s(1) == pytest.approx(0.9)
+    # A more urgent newcomer goes before them (the engine's priority), a less urgent after.
+    assert lim.expected_first_s(0) is None
+    lim.started("i", 0, 0.9, 1.0, 0.9)
+    assert lim.expected_first_s(0) == pytest.approx(0.6)
+    assert lim.expected_first_s(2) == pytest.approx(1.2)
+
+
+def test_a_request_that_found_no_line_measures_no_gap():
+    lim = limit()
+    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.first_token("a", 0.4, num_in_flight=1)
+    lim.started("b", 1, 5.0, OBJECTIVE_S, 5.0)  # long after: the idle time is no gap
+    lim.first_token("b", 5.4, num_in_flight=1)
+    assert lim.gap_s is None
