@@ -22,8 +22,8 @@ arrival plus its class's objective. Pure; the clock is passed in.
   rather than start it to miss; so a miss here speaks of the engine, not of the queue.
 - The line to a first token: `expected_first_s` is when a request starting now would have its
   first token, behind the tracked ones of its class or a more urgent one still waiting for
-  theirs, one every mean gap between first tokens while a line waited (the engine's rate of
-  starting requests: prefill batches several, so gaps are measured, not assumed). It leads
+  theirs, one every mean gap between first tokens while a line waited, over the last seconds
+  (the engine's rate of starting requests: prefill batches several, so it is measured). It leads
   where the limit lags: at a load's onset the line grows at once, misses show a promise later.
 - Bounds: never below `min_limit` nor above `max_limit` (the configured cap). Requests without
   a promise (batch) are never tracked: a batch flood alone keeps the whole cap.
@@ -34,9 +34,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Weight of the newest sample in the moving means (the engine's time to a first token, the gap
-# between first tokens): they follow a load change within a few dozen requests.
+# Weight of the newest sample in the engine's mean time to a first token: it follows a load
+# change within a few dozen requests.
 MEAN_WEIGHT = 0.2
+# The gap between first tokens is a rate over the last seconds (busy time / first tokens, both
+# decaying with this time constant), not a mean per sample: one prefill step hands out a dozen
+# first tokens at once, and a per-sample mean would read the dozen zero gaps that end each step
+# as a fast engine.
+GAP_WINDOW_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,10 @@ class InFlightLimit:
         self._last_decrease_s = -math.inf
         self.num_decreases = 0
         self.engine_s: float | None = None  # mean seconds from a slot to the first token
-        self.gap_s: float | None = None  # mean seconds between first tokens while a line waits
         self._line_since_s: float | None = None  # the last first token, if a line waited behind
+        self._busy_s = 0.0  # decaying sums: seconds a line waited, first tokens meanwhile
+        self._num_firsts = 0.0
+        self._sums_at_s = 0.0
 
     def set_max(self, max_limit: int) -> None:
         """The cap followed the live replicas: the limit keeps its share of it (replicas that
@@ -87,6 +94,11 @@ class InFlightLimit:
     ) -> None:
         """A request of a class with a first-token objective took its slot."""
         self._tracked[entry_id] = _Tracked(now_s, arrival_s + objective_s, objective_s, priority)
+
+    @property
+    def gap_s(self) -> float | None:
+        """Mean seconds between first tokens while a line waited, over the last seconds."""
+        return self._busy_s / self._num_firsts if self._num_firsts else None
 
     def expected_first_s(self, priority: int) -> float | None:
         """Seconds until a request of `priority` starting now would have its first token; None
@@ -107,7 +119,10 @@ class InFlightLimit:
             return False
         self.engine_s = _moving_mean(self.engine_s, now_s - t.started_s)
         if self._line_since_s is not None:
-            self.gap_s = _moving_mean(self.gap_s, now_s - self._line_since_s)
+            keep = math.exp(-max(0.0, now_s - self._sums_at_s) / GAP_WINDOW_S)
+            self._busy_s = self._busy_s * keep + (now_s - self._line_since_s)
+            self._num_firsts = self._num_firsts * keep + 1
+            self._sums_at_s = now_s
         self._line_since_s = now_s if self._tracked else None
         if now_s > t.due_s:
             return self._late(t, now_s)

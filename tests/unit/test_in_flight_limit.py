@@ -154,3 +154,17 @@ def test_a_request_that_found_no_line_measures_no_gap():
     lim.started("b", 1, 5.0, OBJECTIVE_S, 5.0)  # long after: the idle time is no gap
     lim.first_token("b", 5.4, num_in_flight=1)
     assert lim.gap_s is None
+
+
+def test_the_gap_is_a_rate_over_seconds_so_a_step_s_burst_of_first_tokens_does_not_hide_it():
+    lim = limit()
+    for i in range(12):
+        lim.started(f"r{i}", 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.first_token("r0", 1.0, num_in_flight=12)
+    # One prefill step 1.2 s later gives ten first tokens at once: 1.2 s for ten, not ~0.
+    for i in range(1, 11):
+        lim.first_token(f"r{i}", 2.2, num_in_flight=12)
+    assert lim.gap_s == pytest.approx(0.12)
+    # Seconds later the old step weighs less than a new one.
+    lim.first_token("r11", 12.2, num_in_flight=12)
+    assert lim.gap_s > 3
