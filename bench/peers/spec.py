@@ -54,7 +54,7 @@ class Workload:
     # Each system's CPU with no request in flight, after its warm-up, over this long: a fixed
     # cost that shares the cores with the engine whatever the load (docs/benchmarks.md).
     idle_window_s: float = 30.0
-    loads_x_capacity: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
+    loads_x_capacity: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 10.0)
     open_loop_window_s: float = 20.0  # arrivals span this long at each load level
     max_open_loop_requests: int | None = None  # a bound per level (smoke: keep it seconds long)
     # The goodput target: a request counts when its first token came within ttft_slo_ms and

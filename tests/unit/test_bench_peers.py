@@ -86,7 +86,7 @@ def test_platform_serves_only_the_default_model_with_unthrottled_bench_tenants(t
 
 
 def test_presets():
-    assert FULL.concurrencies == (1, 4, 16, 64) and FULL.loads_x_capacity == (0.5, 1, 2, 4)
+    assert FULL.concurrencies == (1, 4, 16, 64) and FULL.loads_x_capacity == (0.5, 1, 2, 4, 10)
     # 2 waves, at least 20 (the one-stream TTFT p50 needs the samples)
     assert [FULL.prompts_at(c) for c in FULL.concurrencies] == [20, 20, 32, 128]
     assert SMOKE.max_open_loop_requests and SMOKE.input_len < FULL.input_len
