@@ -20,7 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from llmserve.protocol.openai_protocol import response_not_found
 from llmserve.protocol.replica_call import TENANT_HEADER, ReplicaRequest, ReplyHead
 from llmserve.replica.engine.asgi_call import JSON_HEADERS
-from llmserve.responses.response_store import StoredResponse
+from llmserve.responses.stored_responses import StoredResponse
 
 
 class StoringEngine(Protocol):

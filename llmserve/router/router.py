@@ -37,7 +37,7 @@ from llmserve.protocol.openai_protocol import (
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmserve.protocol.replica_call import FORWARDED_PATHS as REPLICA_PATHS
 from llmserve.request_router import replica_counts
-from llmserve.responses.response_store import StoredResponse
+from llmserve.responses.stored_responses import StoredResponse
 from llmserve.router import openapi_docs, shield
 from llmserve.router.admission_gate import Gate
 from llmserve.router.dispatch import ClientRequest, Dispatcher

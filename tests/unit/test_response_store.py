@@ -11,7 +11,7 @@ import pytest
 
 from llmserve.protocol.replica_call import RESPONSES_PATH, TENANT_HEADER, ReplicaRequest, ReplyHead
 from llmserve.replica.stored_turns import StoredTurns, Turn
-from llmserve.responses.response_store import StoredResponse, StoredResponses
+from llmserve.responses.stored_responses import StoredResponse, StoredResponses
 
 
 def entry(tenant: str, text: str = "r") -> StoredResponse:
