@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     METRICS_PORT,
     SIM_PREFIX,
     TINY,
+    TINY_LORA,
 )
 from tests.integration.helpers import SIM, SIM_KEY, send_at_once
 from tests.unit.test_dashboard import dashboard, expressions, is_gpu_expr, substitute
@@ -279,6 +280,28 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(serve_app, pr
     assert decided and decided <= reasons, decided
     assert looked_up, "no prefix-cache lookups counted for the default model's replica"
     render_the_dashboard(prometheus, tmp_path)
+
+
+def test_an_adapter_s_requests_and_its_load_reach_a_real_prometheus(prometheus, http):
+    """Metrics by adapter: its requests count under its own name, and the replica that served it
+    says it holds it and loaded it (its watchdog's look at the engine, once a second)."""
+    r = http.post("/v1/completions", json={"model": TINY_LORA, "prompt": "Hello", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    adapter = f'adapter="{TINY_LORA}"'
+    exprs = {
+        "requests": f'sum(ray_llmserve_requests_total{{model="{TINY_LORA}"}})',
+        "held": f"max(ray_llmserve_adapter_held{{{adapter}}})",
+        "loads": f"sum(ray_llmserve_adapter_loads_total{{{adapter}}})",
+    }
+    seen: dict[str, list[float]] = {}
+    deadline = time.monotonic() + POLL_S
+    while time.monotonic() < deadline:
+        seen = {k: finite(query(prometheus, e)) for k, e in exprs.items()}
+        if all(v and v[0] >= 1 for v in seen.values()):
+            break
+        time.sleep(SCRAPE_S)
+    assert all(v and v[0] >= 1 for v in seen.values()), seen
+    assert seen["held"] == [1.0], seen
 
 
 def render_the_dashboard(prometheus: str, tmp_path: Path) -> None:
