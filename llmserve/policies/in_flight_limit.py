@@ -13,7 +13,9 @@ arrival plus its class's objective. Pure; the clock is passed in.
   `overdue`, so a stalled engine is noticed after the objective, not after the late token)
   multiplies the limit by `decrease`. Once per round: only requests that started after the
   last decrease count, as TCP's congestion window does, since the earlier ones were admitted
-  under the old limit.
+  under the old limit. And only a request that started behind others still waiting for their
+  first token: one that waited behind no one missed by its own prefill (a long prompt), and
+  cutting the limit for it would starve everyone else.
 - Increase: a first token within `headroom` of its objective while the limit binds (at least
   `limit` in flight) adds one. Between the two the limit holds, so it settles instead of
   oscillating at every sample.
@@ -50,6 +52,7 @@ class _Tracked:
     due_s: float
     objective_s: float
     priority: int
+    behind: int  # tracked requests still waiting for their first token when it started
 
 
 class InFlightLimit:
@@ -93,7 +96,9 @@ class InFlightLimit:
         self, entry_id: str, priority: int, arrival_s: float, objective_s: float, now_s: float
     ) -> None:
         """A request of a class with a first-token objective took its slot."""
-        self._tracked[entry_id] = _Tracked(now_s, arrival_s + objective_s, objective_s, priority)
+        self._tracked[entry_id] = _Tracked(
+            now_s, arrival_s + objective_s, objective_s, priority, len(self._tracked)
+        )
 
     @property
     def gap_s(self) -> float | None:
@@ -138,7 +143,7 @@ class InFlightLimit:
         return any(self._late(t, now_s) for t in list(self._tracked.values()) if now_s > t.due_s)
 
     def _late(self, t: _Tracked, now_s: float) -> bool:
-        if t.started_s <= self._last_decrease_s or self.limit <= self._min:
+        if t.behind == 0 or t.started_s <= self._last_decrease_s or self.limit <= self._min:
             return False
         self.limit = max(self._min, math.floor(self.limit * self._decrease))
         # Whatever started until now was admitted under the old limit: it ends this round.

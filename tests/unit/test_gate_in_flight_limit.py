@@ -39,7 +39,7 @@ async def test_a_missed_promise_cuts_the_cap_and_kept_ones_with_room_grow_it_bac
     assert capacity(gate) == 10
     tickets = [await admit(gate, tenants["std"]) for _ in range(10)]
     clock.now_s += 2.5
-    gate.first_token(tickets[0], clock())  # 2.5 s for a 2 s promise
+    gate.first_token(tickets[1], clock())  # 2.5 s for a 2 s promise, behind tickets[0]
     assert capacity(gate) == 8
     for t in tickets:
         gate.finish(t, 10)
@@ -55,15 +55,26 @@ async def test_a_missed_promise_cuts_the_cap_and_kept_ones_with_room_grow_it_bac
 
 async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_after_the_promise():
     gate, tenants, clock = gate_with_promise()
-    ticket = await admit(gate, tenants["std"])
+    tickets = [await admit(gate, tenants["std"]) for _ in range(2)]
     clock.now_s += 1.9
     gate.tick()
     assert capacity(gate) == 10
     clock.now_s += 0.2
     gate.tick()
     assert capacity(gate) == 8
-    gate.finish(ticket, 10)
+    for t in tickets:
+        gate.finish(t, 10)
     assert_idle(gate)
+
+
+async def test_a_long_prompt_alone_misses_on_its_own_and_cuts_nothing():
+    gate, tenants, clock = gate_with_promise()
+    ticket = await admit(gate, tenants["std"])
+    clock.now_s += 4
+    gate.tick()
+    gate.first_token(ticket, clock())
+    assert capacity(gate) == 10
+    gate.finish(ticket, 10)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,22 @@ def limit(max_limit: int = 40, min_limit: int = 4) -> InFlightLimit:
     return InFlightLimit(min_limit=min_limit, max_limit=max_limit)
 
 
+def in_line(lim: InFlightLimit, entry_id: str, arrival_s: float, now_s: float) -> None:
+    """Starts `entry_id` behind another request still waiting for its first token."""
+    lim.started(f"{entry_id}-ahead", 1, arrival_s, OBJECTIVE_S, now_s)
+    lim.started(entry_id, 1, arrival_s, OBJECTIVE_S, now_s)
+
+
+def test_a_request_that_waited_behind_no_one_is_late_on_its_own_and_cuts_nothing():
+    # A long prompt alone misses its promise by its own prefill, not by the load: cutting the
+    # limit for it would starve everyone else (a tenant's runaway prompts).
+    lim = limit()
+    lim.started("long", 1, 0.0, OBJECTIVE_S, 0.0)
+    assert not lim.overdue(2.5)
+    assert not lim.first_token("long", 4.0, num_in_flight=1)
+    assert lim.limit == 40
+
+
 def test_starts_at_the_cap_and_a_kept_promise_without_load_leaves_it():
     lim = limit()
     assert lim.limit == 40
@@ -24,14 +40,14 @@ def test_starts_at_the_cap_and_a_kept_promise_without_load_leaves_it():
 
 def test_a_late_first_token_cuts_the_limit_by_a_fifth():
     lim = limit()
-    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.1)
+    in_line(lim, "a", 0.0, 0.1)
     assert lim.first_token("a", 2.5, num_in_flight=40)
     assert lim.limit == 32
 
 
 def test_the_due_time_counts_from_arrival_so_a_queue_wait_makes_it_late():
     lim = limit()
-    lim.started("a", 1, 0.0, OBJECTIVE_S, 1.5)  # waited 1.5 s in the queue, then 0.6 s to its token
+    in_line(lim, "a", 0.0, 1.5)  # waited 1.5 s in the queue, then 0.6 s to its token
     assert lim.first_token("a", 2.1, num_in_flight=10)
     assert lim.limit == 32
 
@@ -39,19 +55,19 @@ def test_the_due_time_counts_from_arrival_so_a_queue_wait_makes_it_late():
 def test_one_cut_per_round_the_requests_admitted_before_it_do_not_cut_again():
     lim = limit()
     for i in range(10):
-        lim.started(f"r{i}", 1, 0.0, OBJECTIVE_S, 0.0)
+        in_line(lim, f"r{i}", 0.0, 0.0)
     assert lim.first_token("r0", 3.0, num_in_flight=40)
     for i in range(1, 10):
         assert not lim.first_token(f"r{i}", 3.0 + i, num_in_flight=40)
     assert (lim.limit, lim.num_decreases) == (32, 1)
-    lim.started("after", 1, 3.5, OBJECTIVE_S, 3.5)  # admitted under the new limit, and late too
+    in_line(lim, "after", 3.5, 3.5)  # admitted under the new limit, and late too
     assert lim.first_token("after", 6.0, num_in_flight=32)
     assert lim.limit == 25
 
 
 def test_a_request_past_due_without_its_token_cuts_before_the_token_comes():
     lim = limit()
-    lim.started("stalled", 1, 0.0, OBJECTIVE_S, 0.0)
+    in_line(lim, "stalled", 0.0, 0.0)
     assert not lim.overdue(1.9)
     assert lim.overdue(2.1)
     assert lim.limit == 32
@@ -71,27 +87,27 @@ def test_a_request_past_due_without_its_token_cuts_before_the_token_comes():
 )
 def test_growth_needs_room_and_a_binding_limit(took_s, in_flight, grows):
     lim = limit()
-    lim.started("late", 1, 0.0, OBJECTIVE_S, 0.0)
+    in_line(lim, "late", 0.0, 0.0)
     lim.first_token("late", 3.0, num_in_flight=40)  # 40 -> 32
-    lim.started("late2", 1, 3.5, OBJECTIVE_S, 3.5)
+    in_line(lim, "late2", 3.5, 3.5)
     lim.first_token("late2", 6.0, num_in_flight=32)  # 32 -> 25
-    lim.started("b", 1, 7.0, OBJECTIVE_S, 7.0)
+    in_line(lim, "b", 7.0, 7.0)
     lim.first_token("b", 9.5, num_in_flight=25)  # 25 -> 20
     assert lim.limit == 20
-    lim.started("ok", 1, 10.0, OBJECTIVE_S, 10.0)
+    in_line(lim, "ok", 10.0, 10.0)
     assert lim.first_token("ok", 10.0 + took_s, num_in_flight=in_flight) is grows
     assert lim.limit == (21 if grows else 20)
 
 
 def test_bounds_the_floor_and_the_cap():
     lim = limit(max_limit=6, min_limit=4)
-    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    in_line(lim, "a", 0.0, 0.0)
     lim.first_token("a", 3.0, num_in_flight=6)
     assert lim.limit == 4
-    lim.started("b", 1, 4.0, OBJECTIVE_S, 4.0)
+    in_line(lim, "b", 4.0, 4.0)
     assert not lim.first_token("b", 9.0, num_in_flight=4)  # at the floor: stays
     for i in range(5):
-        lim.started(f"g{i}", 1, 10.0, OBJECTIVE_S, 10.0)
+        in_line(lim, f"g{i}", 10.0, 10.0)
         lim.first_token(f"g{i}", 10.2, num_in_flight=lim.limit)
     assert lim.limit == 6  # grew back to the cap, not past it
 
@@ -102,7 +118,7 @@ def test_the_limit_keeps_its_share_of_the_cap_as_replicas_come_and_go():
     assert lim.limit == 24
     lim.set_max(72)  # two more came
     assert lim.limit == 72
-    lim.started("a", 1, 0.0, OBJECTIVE_S, 0.0)
+    in_line(lim, "a", 0.0, 0.0)
     assert lim.first_token("a", 3.0, num_in_flight=72)
     assert lim.limit == 57  # 0.8 of the cap
     lim.set_max(24)
