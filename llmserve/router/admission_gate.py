@@ -13,7 +13,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from llmserve.config.app_config import AppConfig, ModelConfig, TenantConfig
 from llmserve.observability import tracing
@@ -22,28 +21,7 @@ from llmserve.policies.admission import AdmissionPolicy, Admit, Queue, Reject
 from llmserve.policies.in_flight_limit import InFlightLimit
 from llmserve.policies.rate_limit import TenantLimiter
 from llmserve.protocol.openai_protocol import OpenAIError
-
-
-@dataclass
-class Ticket:
-    """What one admitted request holds; `Gate.finish` gives it all back exactly once."""
-
-    entry_id: str
-    tenant: str
-    model: str
-    num_reserved_tokens: int
-    deadline_s: float  # on the gate's monotonic clock
-    rate_headers: dict[str, str]
-    queue_wait_s: float = 0.0
-    admitted_at: float = 0.0  # when it passed the rate limits, on the gate's clock
-    finished: bool = field(default=False)
-    expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
-    priority: int = 0  # its class's level
-    # A tracked stream that may give its slot to a more urgent request: what stops it.
-    on_preempt: Callable[[], None] | None = field(default=None, repr=False)
-    # Preempted: done when it may go on (its slot back), or failed (it waited too long).
-    readmitted: asyncio.Future | None = field(default=None, repr=False)
-
+from llmserve.router.ticket import Ticket
 
 UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
 # The least a class with a promise may wait in the queue, however slow the engine's first token:

@@ -32,7 +32,7 @@ from llmserve.protocol.replica_call import (
     ReplicaRequest,
 )
 from llmserve.request_router import route_notes
-from llmserve.router.admission_gate import Gate, Ticket
+from llmserve.router.admission_gate import Gate
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, Resumable, session_of
@@ -43,6 +43,7 @@ from llmserve.router.tenancy import (
     model_not_found,
     request_terms,
 )
+from llmserve.router.ticket import Ticket
 
 
 @dataclass(frozen=True)

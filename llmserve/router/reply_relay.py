@@ -29,9 +29,10 @@ from llmserve.policies.relay import (
 )
 from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.protocol.replica_call import ReplicaRequest, ReplyHead, split_part
-from llmserve.router.admission_gate import Gate, Ticket
+from llmserve.router.admission_gate import Gate
 from llmserve.router.request_log import outcome_of
 from llmserve.router.request_path import DONE_FRAME, OpenReply, resumed_comment, sse_error
+from llmserve.router.ticket import Ticket
 
 logger = logging.getLogger("ray.serve")
 UNAVAILABLE = "the model is unavailable; retry shortly"

@@ -16,8 +16,8 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from llmserve.policies.resume import Progress
 from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
-from llmserve.router.admission_gate import Ticket
 from llmserve.router.request_log import RequestTrail
+from llmserve.router.ticket import Ticket
 
 DONE_FRAME = b"data: [DONE]\n\n"
 

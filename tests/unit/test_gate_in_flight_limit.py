@@ -53,28 +53,29 @@ async def test_a_missed_promise_cuts_the_cap_and_kept_ones_with_room_grow_it_bac
     assert_idle(gate)
 
 
-async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_after_the_promise():
+@pytest.mark.parametrize(
+    ("num_streams", "cut_to"),
+    [
+        (2, 8),  # the second waited behind the first: the load's miss, cut on the tick
+        (1, 10),  # a long prompt alone misses by its own prefill: nothing cut
+    ],
+)
+async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line(
+    num_streams, cut_to
+):
     gate, tenants, clock = gate_with_promise()
-    tickets = [await admit(gate, tenants["std"]) for _ in range(2)]
+    tickets = [await admit(gate, tenants["std"]) for _ in range(num_streams)]
     clock.now_s += 1.9
     gate.tick()
     assert capacity(gate) == 10
     clock.now_s += 0.2
     gate.tick()
-    assert capacity(gate) == 8
+    assert capacity(gate) == cut_to
+    gate.first_token(tickets[-1], clock.now_s + 2)
+    assert capacity(gate) == cut_to
     for t in tickets:
         gate.finish(t, 10)
     assert_idle(gate)
-
-
-async def test_a_long_prompt_alone_misses_on_its_own_and_cuts_nothing():
-    gate, tenants, clock = gate_with_promise()
-    ticket = await admit(gate, tenants["std"])
-    clock.now_s += 4
-    gate.tick()
-    gate.first_token(ticket, clock())
-    assert capacity(gate) == 10
-    gate.finish(ticket, 10)
 
 
 @pytest.mark.parametrize(

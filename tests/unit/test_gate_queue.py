@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from llmserve.router.admission_gate import Ticket
+from llmserve.router.ticket import Ticket
 from tests.unit.gate_helpers import (
     MODEL,
     TENANTS,

@@ -21,10 +21,10 @@ from llmserve.protocol.replica_call import (
     Usage,
     reply_part,
 )
-from llmserve.router.admission_gate import Ticket
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
 from llmserve.router.request_path import OpenReply, Resumable
+from llmserve.router.ticket import Ticket
 from tests.unit.gate_helpers import MODEL, make_gate
 
 SSE = (("content-type", "text/event-stream"),)
