@@ -183,8 +183,15 @@ def _overload(doc: dict, names: list[str]) -> list[str]:
         goodput = get("goodput_rps")
         if goodput is None:
             return NONE
-        shares = (("refused_share", "refused"), ("error_share", "errors"))
-        notes = [f"{get(field):.0%} {what}" for field, what in shares if get(field)]
+        notes = []
+        if get("refused_share"):
+            answered = get("refusal_p99_ms")  # recorded from the run after 5163c92 on
+            notes.append(
+                f"{get('refused_share'):.0%} refused"
+                + (f" in {_ms(answered)} at p99" if answered is not None else "")
+            )
+        if get("error_share"):
+            notes.append(f"{get('error_share'):.0%} errors")
         if get("ttft_p99_ms") is not None:
             notes.append(f"TTFT p99 {_ms(get('ttft_p99_ms'))}")
         return f"{goodput:.2f}" + (f" ({', '.join(notes)})" if notes else "")
@@ -192,7 +199,8 @@ def _overload(doc: dict, names: list[str]) -> list[str]:
     lines = [
         f"Open-loop Poisson load, goodput in requests/s (completed with TTFT <= "
         f"{w['ttft_slo_ms']:g} ms and TPOT <= {w['tpot_slo_ms']:g} ms, per second of the run; "
-        "in brackets the share refused with 429/503 and the TTFT p99 of the requests "
+        "in brackets the share refused with 429/503, how fast a refusal came (p99), and the "
+        "TTFT p99 of the requests "
         f"completed) at multiples of capacity, {cap['rps']:.3g} requests/s: "
         f"{cap.get('definition', '')}",
         "",

@@ -47,6 +47,28 @@ class Req:
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
+@contextlib.contextmanager
+def _errors_timed(backend: str):
+    """vLLM's request function times only the answers it got: a refusal (429/503) comes back
+    with latency 0. For the run, its entry in vLLM's table of request functions gives every
+    failed request the seconds from send to the error, so a refusal's latency is measured."""
+    from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS
+
+    original = ASYNC_REQUEST_FUNCS[backend]
+
+    async def timed(request_func_input, session, pbar=None):
+        out = await original(request_func_input, session, pbar=pbar)
+        if not out.success:
+            out.latency = time.perf_counter() - out.start_time
+        return out
+
+    ASYNC_REQUEST_FUNCS[backend] = timed
+    try:
+        yield
+    finally:
+        ASYNC_REQUEST_FUNCS[backend] = original
+
+
 def status_of(error: str) -> int:
     if not error:
         return 200
@@ -122,11 +144,15 @@ async def run_bench(args: argparse.Namespace, log_path: Path) -> tuple[dict[str,
     from vllm.benchmarks.serve import main_async
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log, contextlib.redirect_stdout(log):
+    with (
+        open(log_path, "a") as log,
+        contextlib.redirect_stdout(log),
+        _errors_timed(args.backend),
+    ):
         print(f"\n===== {time.strftime('%H:%M:%S')} {vars(args).get('num_prompts')} prompts")
         result = await main_async(args)
     reqs = [
-        Req(status_of(err), start, ttft if not err else None, lat if not err else None, n)
+        Req(status_of(err), start, ttft if not err else None, lat, n)
         for err, start, ttft, lat, n in zip(
             result["errors"],
             result["start_times"],
@@ -184,6 +210,6 @@ async def stream_request(
         status,
         out.start_time,
         out.ttft if out.success else None,
-        out.latency if out.success else None,
+        out.latency if out.success else time.perf_counter() - out.start_time,
         out.output_tokens or 0,
     )

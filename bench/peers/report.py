@@ -246,6 +246,7 @@ def _open_loop_section(r: dict[str, Any]) -> list[str]:
             Row([lead, "TTFT p50 (ms)"], get("ttft_p50_ms")),
             Row([lead, "TTFT p99 of completed (ms)"], get("ttft_p99_ms")),
             Row([lead, "refused (429/503)"], get("refused_share"), "%"),
+            Row([lead, "time to a refusal p99 (ms)"], get("refusal_p99_ms")),
             Row([lead, "errors"], get("error_share"), "%"),
         ]
     return [

@@ -52,10 +52,13 @@ def outcome_counts(reqs: list[Req]) -> dict[str, Any]:
     n = max(1, len(reqs))
     refused = sum(statuses[s] for s in REFUSED)
     failed = len(reqs) - statuses[200] - refused
+    # A refusal is a promise too: the client learns at once that it must come back later.
+    refusal_s = [r.latency_s for r in reqs if r.status in REFUSED and r.latency_s is not None]
     return {
         "requests": len(reqs),
         "completed": statuses[200],
         "refused_share": round(refused / n, 4),
+        "refusal_p99_ms": pct_ms(refusal_s, 99),
         "error_share": round(failed / n, 4),
         "status_counts": {str(k): v for k, v in sorted(statuses.items())},
     }

@@ -3,7 +3,9 @@ outcomes from vLLM's client, summaries, capacity, and the report (no server, no 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -100,13 +102,22 @@ def test_waves_set_the_sweep_requests_per_level():
 
 def _req(status=200, ttft=0.1, latency=1.0, n=10) -> Req:
     ok = status == 200
-    return Req(status, 0.0, ttft if ok else None, latency if ok else None, n if ok else 0)
+    return Req(status, 0.0, ttft if ok else None, latency, n if ok else 0)
 
 
 def test_summaries_count_outcomes_and_latencies_of_completed_only():
-    reqs = [_req(ttft=0.1), _req(ttft=0.3, latency=1.2), _req(429), _req(503), _req(0)]
+    reqs = [
+        _req(ttft=0.1),
+        _req(ttft=0.3, latency=1.2),
+        _req(429, latency=0.01),
+        _req(503, latency=0.03),
+        _req(0, latency=5.0),
+    ]
     out = scenarios.outcome_counts(reqs)
     assert out["completed"] == 2 and out["refused_share"] == 0.4 and out["error_share"] == 0.2
+    # The time to a refusal, of refusals only (not the failed request's 5 s).
+    assert out["refusal_p99_ms"] == pytest.approx(29.8, abs=0.1)
+    assert scenarios.outcome_counts([_req()])["refusal_p99_ms"] is None
     assert out["status_counts"] == {"0": 1, "200": 2, "429": 1, "503": 1}
     lat = scenarios.latency_summary(reqs)
     assert lat["ttft_p50_ms"] == 200.0 and lat["tpot_p50_ms"] == pytest.approx(100.0, abs=0.1)
@@ -269,3 +280,24 @@ def test_a_system_that_exits_while_starting_is_retried_once_then_reported(tmp_pa
     assert len(system.processes()) == 2  # one process per attempt
     stop = system.stop(grace_s=5)
     assert stop.clean and stop.exit_code == 3 and not stop.killed
+
+
+def test_a_failed_request_is_timed_to_its_error_during_a_run():
+    from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncOutput
+
+    from bench.peers.load import _errors_timed
+
+    async def refused(request_func_input, session, pbar=None):
+        out = RequestFuncOutput()
+        out.start_time, out.success, out.error = time.perf_counter() - 0.05, False, "Too Many"
+        return out
+
+    original = ASYNC_REQUEST_FUNCS["openai"]
+    ASYNC_REQUEST_FUNCS["openai"] = refused
+    try:
+        with _errors_timed("openai"):
+            out = asyncio.run(ASYNC_REQUEST_FUNCS["openai"](None, None))
+        assert ASYNC_REQUEST_FUNCS["openai"] is refused  # put back after the run
+    finally:
+        ASYNC_REQUEST_FUNCS["openai"] = original
+    assert 0.05 <= out.latency < 1.0

@@ -73,6 +73,16 @@ def test_the_peers_block_carries_goodput_under_overload_per_level_and_system():
                 assert f"{r['refused_share']:.0%} refused" in cell
 
 
+def test_the_overload_cell_says_how_fast_a_refusal_came():
+    doc = _peers_doc()
+    name = next(n for n in summary.LABELS if n in doc["systems"])
+    for r in doc["systems"][name]["open_loop"]:
+        r.update(refused_share=0.35, refusal_p99_ms=12.4)
+    x = doc["systems"][name]["open_loop"][0]["load_x_capacity"]
+    cells = _row(summary._peers(doc), f"{x:g}x ({x * doc['capacity']['rps']:.2f}/s)")
+    assert "35% refused in 12 ms at p99" in cells[0]
+
+
 def test_the_peers_block_carries_interactive_ttft_beside_batch_and_idle():
     doc = _peers_doc()
     lines = summary._peers(doc)
