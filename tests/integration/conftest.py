@@ -75,6 +75,7 @@ SELF_CONTAINED = (
 # dashboard agent 5, each vLLM worker 3.5-5, each Router 3.5-4.)
 OWN_ENGINES = (
     "test_promises.py",
+    "test_overload_goodput.py",
     "test_memory_plan.py",
     "test_routing.py",
     "test_autoscaling.py",
