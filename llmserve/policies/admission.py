@@ -12,10 +12,10 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   service time / `engine_slots`. Admitted to miss it, it would only lengthen the line.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
-  `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names, so
-  that batch work may wait its turn where interactive work should be refused at once;
-  `set_max_wait_s` moves a level's bound (what is left of a promise once the engine's own
-  time to a first token is taken from it).
+  `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names;
+  `set_max_wait_s` moves a level's bound (what a promise leaves once the engine's own time to
+  a first token is taken). A promised class queues only if it expects to start within half
+  its bound: a wait near the mean times out half the time, a refusal that came late.
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
 - `mark_preemptible` an in-flight entry that can stop and resume later (a tracked stream):
   a newcomer of a class with a first-token promise that would otherwise wait, or miss its
@@ -226,7 +226,8 @@ class AdmissionPolicy:
             self._admit(entry_id, priority, now_s)
             return Admit(entry_id)
         wait_s = self._expected_wait_s(entry, now_s)
-        if wait_s is not None and wait_s > self.max_wait_s(priority):
+        margin = 1.0 if objective_s is None else 0.5
+        if wait_s is not None and wait_s > margin * self.max_wait_s(priority):
             # It would time out in the queue anyway: say so now, not after its bound.
             return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         if len(self._queued) < self._max_queue_len:

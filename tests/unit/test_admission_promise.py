@@ -52,3 +52,17 @@ def test_no_prediction_before_a_completion_or_without_the_engines_slots():
     blind.offer("w", STANDARD, 0.0)
     blind.release("w", 100.0)
     assert blind.offer("s0", STANDARD, 100.0) == Admit("s0")  # engines' slots unknown
+
+
+def test_a_promised_class_queues_only_if_it_expects_to_start_within_half_its_bound():
+    # 4 s a request on 2 slots, no engines' line known: a slot frees every 2 s. A wait near its
+    # bound times out about half the time, a refusal that comes late instead of at once.
+    policy = make(capacity=2, max_queue_wait_s=4.0, ttft_objective_s_by_level={STANDARD: 2.0})
+    policy.offer("warm", STANDARD, 0.0)
+    policy.release("warm", 4.0)
+    assert [policy.offer(f"s{i}", STANDARD, 4.0) for i in range(2)] == [Admit("s0"), Admit("s1")]
+    assert policy.offer("s2", STANDARD, 4.0) == Queue("s2")  # 2 s: half of 4 s
+    r = policy.offer("s3", STANDARD, 4.0)  # 4 s: within the bound, not within half of it
+    assert isinstance(r, Reject) and r.reason == "queue_wait"
+    # A class without a promise queues up to its whole bound: 4 s, behind s2.
+    assert policy.offer("other", 5, 4.0) == Queue("other")
