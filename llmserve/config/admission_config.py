@@ -113,10 +113,11 @@ class AdmissionConfig(Strict):
     )
     adaptive_in_flight: bool = Field(
         default=True,
-        description="Each model's in-flight cap (max_ongoing_requests x replicas) shrinks when "
-        "streamed requests of a class with a first-token objective miss it, and grows back "
-        "while they keep it with room (llmserve/policies/in_flight_limit.py). Without "
-        "objectives it never moves.",
+        description="Each model's in-flight limit starts at its engines' slots (max_num_seqs x "
+        "replicas) and moves within the cap (max_ongoing_requests x replicas): streamed "
+        "requests that miss their class's first-token objective shrink it, fast first tokens "
+        "with the limit full grow it (llmserve/policies/in_flight_limit.py). Without "
+        "objectives there is no limit: the cap holds.",
     )
     min_in_flight: int = Field(
         default=4,

@@ -10,9 +10,14 @@ from __future__ import annotations
 SERVICE_TIME_WEIGHT = 0.1
 
 
+def moving_mean(mean: float | None, sample: float, weight: float) -> float:
+    """An exponential moving mean with one more sample in it, `weight` its share."""
+    return sample if mean is None else mean + weight * (sample - mean)
+
+
 def mean_service_s(mean_s: float | None, service_s: float) -> float:
     """The mean service time with one more completion in it."""
-    return service_s if mean_s is None else mean_s + SERVICE_TIME_WEIGHT * (service_s - mean_s)
+    return moving_mean(mean_s, service_s, SERVICE_TIME_WEIGHT)
 
 
 def queue_wait_s(ahead: int, mean_s: float | None, slots: int) -> float | None:

@@ -24,8 +24,7 @@ from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.router.ticket import Ticket
 
 UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
-# The least a class with a promise may wait in the queue, however slow the engine's first token:
-# enough for a slot that frees within a tick.
+# A promised class's least queue wait, however slow the engine: a slot freeing within a tick.
 MIN_PROMISE_WAIT_S = 0.1
 
 
@@ -82,13 +81,21 @@ class Gate:
             )
             for m in config.models
         }
-        # What the model's replicas may hold, and the part of it they serve within promises.
+        # What the model's replicas may hold, and the part of it they serve within promises
+        # (without a promise to keep or a first token to grow on, a limit would only stay put).
         self._caps = {m.name: self._queues[m.name].capacity for m in config.models}
+        self._tightest_s = min(self._objective_s.values(), default=None)
         self._limits = {
-            m.name: InFlightLimit(min_limit=adm.min_in_flight, max_limit=self._caps[m.name])
+            m.name: InFlightLimit(
+                min_limit=adm.min_in_flight,
+                max_limit=self._caps[m.name],
+                start_limit=self._queues[m.name].engine_slots,
+            )
             for m in config.models
-            if adm.adaptive_in_flight
+            if adm.adaptive_in_flight and self._tightest_s is not None
         }
+        for model in self._limits:
+            self._follow_limit(model)
         self._live_replicas: dict[str, int] = {}  # unknown until the first refresh
         self._may_scale_to_zero = frozenset(
             m.name
@@ -110,8 +117,7 @@ class Gate:
         return math.ceil(model.deployment.max_ongoing_requests * num_replicas * self._share)
 
     def _engine_slots(self, model: ModelConfig, num_replicas: int) -> int:
-        # This Router replica's share of the sequences the model's engines run at once: what
-        # the classes share (batch_max_share), where the capacity also counts their waiting line.
+        # This Router replica's share of the engines' sequences (what batch_max_share divides).
         return math.ceil(model.engine.max_num_seqs * num_replicas * self._share)
 
     def priority(self, tenant: TenantConfig) -> int:
@@ -143,9 +149,15 @@ class Gate:
             now = self.clock()
             ticket.queue_wait_s = now - ticket.admitted_at
             objective_s = self._objective_s.get(ticket.priority)
-            if streamed and objective_s is not None and model in self._limits:
+            if streamed and model in self._limits:
                 self._limits[model].started(
-                    ticket.entry_id, ticket.priority, ticket.admitted_at, objective_s, now
+                    ticket.entry_id,
+                    ticket.priority,
+                    ticket.admitted_at,
+                    self._tightest_s if objective_s is None else objective_s,
+                    now,
+                    num_in_flight=self._queues[model].num_in_flight,
+                    promised=objective_s is not None,
                 )
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         return ticket
@@ -249,7 +261,8 @@ class Gate:
         """Refuses now (503) a request whose class promise the line to a first token already
         breaks: admitted, it would only lengthen the line and miss."""
         objective_s, limit = self._objective_s.get(priority), self._limits.get(ticket.model)
-        expected_s = None if limit is None else limit.expected_first_s(priority)
+        queued = self._queues[ticket.model].num_queued_by_level()
+        expected_s = None if limit is None else limit.expected_first_s(priority, queued)
         if objective_s is not None and expected_s is not None and expected_s > objective_s:
             retry_s = max(1.0, expected_s - objective_s)
             raise self._rejection(ticket.model, Reject(ticket.entry_id, "queue_wait", retry_s))
@@ -317,7 +330,7 @@ class Gate:
         kept or missed moves the model's in-flight limit."""
         limit = self._limits.get(ticket.model)
         if limit is not None:
-            limit.first_token(ticket.entry_id, at_s, self._queues[ticket.model].num_in_flight)
+            limit.first_token(ticket.entry_id, at_s)
             self._follow_limit(ticket.model)
 
     def _follow_limit(self, model: str) -> None:

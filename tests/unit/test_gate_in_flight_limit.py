@@ -4,10 +4,12 @@ class without a promise or a non-streamed request."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from llmserve.protocol.openai_protocol import OpenAIError
-from tests.unit.gate_helpers import MODEL, assert_idle, make_gate, settle
+from tests.unit.gate_helpers import MODEL, assert_idle, make_gate, refused, settle
 
 TENANTS = (
     {"name": "std", "priority": "standard"},
@@ -20,9 +22,7 @@ def gate_with_promise(**admission):
         *TENANTS,
         max_ongoing_requests=10,
         max_num_seqs=8,
-        ttft_objective_s_by_class={"standard": 2.0},
-        min_in_flight=2,
-        **admission,
+        **{"ttft_objective_s_by_class": {"standard": 2.0}, "min_in_flight": 2, **admission},
     )
 
 
@@ -34,30 +34,38 @@ def capacity(gate) -> int:
     return gate.snapshot()[MODEL]["capacity"]
 
 
-async def test_a_missed_promise_cuts_the_cap_and_kept_ones_with_room_grow_it_back():
+async def test_the_cap_starts_at_the_engine_slots_a_miss_cuts_it_kept_promises_grow_it():
     gate, tenants, clock = gate_with_promise()
-    assert capacity(gate) == 10
-    tickets = [await admit(gate, tenants["std"]) for _ in range(10)]
+    # The engines' 8 slots, not the Router's 10: beyond them a request would wait in the
+    # engine's own line, which no estimate sees at a load's onset.
+    assert capacity(gate) == 8
+    gate.set_live_replicas(MODEL, 0)  # the Router's first count, before the replica is up
+    gate.set_live_replicas(MODEL, 1)
+    assert capacity(gate) == 8
+    tickets = [await admit(gate, tenants["std"]) for _ in range(8)]
     clock.now_s += 2.5
     gate.first_token(tickets[1], clock())  # 2.5 s for a 2 s promise, behind tickets[0]
-    assert capacity(gate) == 8
+    assert capacity(gate) == 6
     for t in tickets:
         gate.finish(t, 10)
-    # Under the new cap, first tokens well within the promise while it binds: one more each.
-    tickets = [await admit(gate, tenants["std"]) for _ in range(8)]
-    clock.now_s += 0.3
-    gate.first_token(tickets[0], clock())
-    assert capacity(gate) == 9
-    for t in tickets:
-        gate.finish(t, 10)
+    # Under the new cap, a first token well within the promise of the request that filled it:
+    # one more a round, past the engines' slots up to the Router's cap.
+    for grown in (7, 8, 9, 10, 10):
+        clock.now_s += 0.1
+        tickets = [await admit(gate, tenants["std"]) for _ in range(capacity(gate))]
+        clock.now_s += 0.3
+        gate.first_token(tickets[-1], clock())
+        assert capacity(gate) == grown
+        for t in tickets:
+            gate.finish(t, 10)
     assert_idle(gate)
 
 
 @pytest.mark.parametrize(
     ("num_streams", "cut_to"),
     [
-        (2, 8),  # the second waited behind the first: the load's miss, cut on the tick
-        (1, 10),  # a long prompt alone misses by its own prefill: nothing cut
+        (2, 6),  # the second waited behind the first: the load's miss, cut on the tick
+        (1, 8),  # a long prompt alone misses by its own prefill: nothing cut
     ],
 )
 async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line(
@@ -67,7 +75,7 @@ async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line
     tickets = [await admit(gate, tenants["std"]) for _ in range(num_streams)]
     clock.now_s += 1.9
     gate.tick()
-    assert capacity(gate) == 10
+    assert capacity(gate) == 8
     clock.now_s += 0.2
     gate.tick()
     assert capacity(gate) == cut_to
@@ -79,21 +87,54 @@ async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line
 
 
 @pytest.mark.parametrize(
-    ("tenant", "streamed", "admission"),
+    ("tenant", "streamed"),
     [
-        ("batch", True, {}),  # no promise
-        ("std", False, {}),  # no first token the Router sees before the end
-        ("std", True, {"adaptive_in_flight": False}),  # off in config
+        ("batch", True),  # no promise: late, it missed nothing
+        ("std", False),  # no first token the Router sees before the end
     ],
 )
-async def test_untracked_requests_never_move_the_cap(tenant, streamed, admission):
-    gate, tenants, clock = gate_with_promise(**admission)
-    ticket = await admit(gate, tenants[tenant], streamed=streamed)
+async def test_a_late_request_without_a_promise_or_a_stream_never_cuts_the_cap(tenant, streamed):
+    gate, tenants, clock = gate_with_promise()
+    tickets = [await admit(gate, tenants[tenant], streamed=streamed) for _ in range(8)]
     clock.now_s += 30
     gate.tick()
-    gate.first_token(ticket, clock())
+    for t in tickets:
+        gate.first_token(t, clock())
+    assert capacity(gate) == 8
+    for t in tickets:
+        gate.finish(t, 10)
+
+
+async def test_a_batch_flood_s_fast_first_tokens_grow_the_cap_past_the_engine_slots():
+    gate, tenants, clock = gate_with_promise()
+    tickets = [await admit(gate, tenants["batch"]) for _ in range(8)]
+    clock.now_s += 0.3  # within half the tightest promise (2 s): the engine has room
+    gate.first_token(tickets[-1], clock())
+    assert capacity(gate) == 9
+    more = await admit(gate, tenants["batch"])
+    clock.now_s += 1.5  # slow, but batch was promised nothing: no cut, no growth
+    gate.first_token(more, clock())
+    assert capacity(gate) == 9
+    for t in [*tickets, more]:
+        gate.finish(t, 10)
+    assert_idle(gate)
+
+
+@pytest.mark.parametrize(
+    "admission",
+    [{"adaptive_in_flight": False}, {"ttft_objective_s_by_class": {}}],
+    ids=["off in config", "no promise to keep"],
+)
+async def test_without_a_limit_the_cap_is_the_router_s_and_never_moves(admission):
+    gate, tenants, clock = gate_with_promise(**admission)
     assert capacity(gate) == 10
-    gate.finish(ticket, 10)
+    tickets = [await admit(gate, tenants["std"]) for _ in range(10)]
+    clock.now_s += 30
+    gate.tick()
+    gate.first_token(tickets[1], clock())
+    assert capacity(gate) == 10
+    for t in tickets:
+        gate.finish(t, 10)
 
 
 async def test_a_line_to_the_first_token_longer_than_the_promise_is_refused_at_once():
@@ -117,6 +158,28 @@ async def test_a_line_to_the_first_token_longer_than_the_promise_is_refused_at_o
     for t in [*tickets, batch, late]:
         gate.finish(t, 10)
     await settle()
+    assert_idle(gate)
+
+
+async def test_queued_requests_ahead_are_in_the_line_to_a_first_token():
+    gate, tenants, clock = gate_with_promise(max_queue_wait_s=30)
+    tickets = [await admit(gate, tenants["std"]) for _ in range(8)]  # the engines' 8 slots
+    clock.now_s += 0.3
+    gate.first_token(tickets[0], clock())
+    for t in tickets[1:6]:  # one first token every 0.45 s while a line waits
+        clock.now_s += 0.45
+        gate.first_token(t, clock())
+    # Two started ones wait for theirs. Newcomers queue (the slots are taken): the first is
+    # third in line (1.35 s), the second fourth (1.8 s), the third fifth: 2.25 s > 2 s.
+    queued = [asyncio.create_task(admit(gate, tenants["std"])) for _ in range(2)]
+    await settle()
+    assert gate.snapshot()[MODEL]["queued"] == 2
+    e = await refused(admit(gate, tenants["std"]))
+    assert e.status == 503 and e.code == "queue_wait"
+    for t in tickets:
+        gate.finish(t, 10)
+    for t in await asyncio.gather(*queued):
+        gate.finish(t, 10)
     assert_idle(gate)
 
 
