@@ -87,20 +87,23 @@ async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line
 
 
 @pytest.mark.parametrize(
-    ("tenant", "streamed"),
+    ("tenant", "streamed", "admission", "cap"),
     [
-        ("batch", True),  # no promise: late, it missed nothing
-        ("std", False),  # no first token the Router sees before the end
+        ("batch", True, {}, 8),  # no promise: late, it missed nothing
+        ("std", False, {}, 8),  # no first token the Router sees before the end
+        ("std", True, {"adaptive_in_flight": False}, 10),  # off: the Router's cap, unmoved
+        ("std", True, {"ttft_objective_s_by_class": {}}, 10),  # no promise to keep: the same
     ],
 )
-async def test_a_late_request_without_a_promise_or_a_stream_never_cuts_the_cap(tenant, streamed):
-    gate, tenants, clock = gate_with_promise()
-    tickets = [await admit(gate, tenants[tenant], streamed=streamed) for _ in range(8)]
+async def test_late_first_tokens_that_cut_nothing(tenant, streamed, admission, cap):
+    gate, tenants, clock = gate_with_promise(**admission)
+    assert capacity(gate) == cap
+    tickets = [await admit(gate, tenants[tenant], streamed=streamed) for _ in range(cap)]
     clock.now_s += 30
     gate.tick()
     for t in tickets:
         gate.first_token(t, clock())
-    assert capacity(gate) == 8
+    assert capacity(gate) == cap
     for t in tickets:
         gate.finish(t, 10)
 
@@ -118,23 +121,6 @@ async def test_a_batch_flood_s_fast_first_tokens_grow_the_cap_past_the_engine_sl
     for t in [*tickets, more]:
         gate.finish(t, 10)
     assert_idle(gate)
-
-
-@pytest.mark.parametrize(
-    "admission",
-    [{"adaptive_in_flight": False}, {"ttft_objective_s_by_class": {}}],
-    ids=["off in config", "no promise to keep"],
-)
-async def test_without_a_limit_the_cap_is_the_router_s_and_never_moves(admission):
-    gate, tenants, clock = gate_with_promise(**admission)
-    assert capacity(gate) == 10
-    tickets = [await admit(gate, tenants["std"]) for _ in range(10)]
-    clock.now_s += 30
-    gate.tick()
-    gate.first_token(tickets[1], clock())
-    assert capacity(gate) == 10
-    for t in tickets:
-        gate.finish(t, 10)
 
 
 async def test_a_line_to_the_first_token_longer_than_the_promise_is_refused_at_once():
