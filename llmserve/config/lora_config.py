@@ -32,8 +32,9 @@ class AdapterConfig(Strict):
     )
     tenants: list[str] | None = Field(
         default=None,
-        description="The tenants that may use it (each must also be allowed the name by its own "
-        "`models`, if it has a list). None: any tenant that may.",
+        description="The tenants that may use it, they alone; a tenant with a `models` list "
+        "needs the adapter or its base model in it. None: any tenant whose list (if any) "
+        "names the adapter.",
     )
 
     @field_validator("name")

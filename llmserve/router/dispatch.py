@@ -121,13 +121,11 @@ class Dispatcher:
             check_responses_body(body)
         # An adapter's requests are its base model's: its engines, its queue.
         served = await self._served.find(fields.model)
-        if served is None or not may_use(tenant, fields.model, served.adapter):
+        if served is None or not may_use(tenant, fields.model, served):
             raise model_not_found(fields.model)  # the same words as "not yours"
         model = served.model
         handle = self._handles[model.name]
-        terms = request_terms(
-            tenant, fields.model, fields.max_tokens, fields.timeout_s, model.max_tokens_default
-        )
+        terms = request_terms(tenant, fields.max_tokens, fields.timeout_s, model.max_tokens_default)
         num_tokens = estimate_prompt_tokens(client.body_size)
         if client.path in GENERATION_PATHS:
             num_tokens += terms.max_tokens * fields.n

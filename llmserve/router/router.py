@@ -186,9 +186,7 @@ class Router:
         tenant = self._directory.authenticate(request.headers.get("authorization"))
         await self._served.freshen()
         allowed = {
-            name: s.model.name
-            for name, s in self._served.items()
-            if may_use(tenant, name, s.adapter)
+            name: s.model.name for name, s in self._served.items() if may_use(tenant, name, s)
         }
         return openapi_docs.models_list(allowed, self._created)
 

@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llmserve.config.app_config import AppConfig, TenantConfig, key_digest
-from llmserve.config.lora_config import AdapterConfig
+from llmserve.config.app_config import AppConfig, Served, TenantConfig, key_digest
 from llmserve.protocol.openai_protocol import OpenAIError
 
 
@@ -121,24 +120,26 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def may_use(tenant: TenantConfig, name: str, adapter: AdapterConfig | None) -> bool:
-    """Whether the tenant may send `name` as its model: its `models` list (if any) names it,
-    and where `name` is an adapter's, the adapter's `tenants` (if any) name the tenant."""
-    if tenant.models is not None and name not in tenant.models:
-        return False
-    return adapter is None or adapter.tenants is None or tenant.name in adapter.tenants
+def may_use(tenant: TenantConfig, name: str, served: Served) -> bool:
+    """Whether the tenant may send `name` (which `served` serves) as its model: its `models`
+    list (if any) names it. An adapter with `tenants` is theirs alone, and naming a tenant is a
+    grant of its own where the tenant's list names the adapter's base model: an adapter loaded
+    at runtime cannot be in a list written before it existed."""
+    listed = tenant.models is None or name in tenant.models
+    adapter = served.adapter
+    if adapter is None or adapter.tenants is None:
+        return listed
+    return tenant.name in adapter.tenants and (listed or served.model.name in tenant.models)
 
 
 def request_terms(
     tenant: TenantConfig,
-    model: str,
     max_tokens: int | None,
     timeout_s: float | None,
     default_max_tokens: int,
 ) -> RequestTerms:
-    """Model access, max_tokens cap and deadline for one request; raises OpenAIError."""
-    if tenant.models is not None and model not in tenant.models:
-        raise model_not_found(model)
+    """The max_tokens cap and deadline for one request (model access: `may_use`); raises
+    OpenAIError."""
     if timeout_s is not None and (not math.isfinite(timeout_s) or timeout_s <= 0):
         raise OpenAIError(400, "timeout must be a positive number of seconds", param="timeout")
     timeout = min(timeout_s or tenant.default_timeout_s, tenant.max_timeout_s)

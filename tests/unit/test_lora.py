@@ -36,6 +36,7 @@ def config(lora=LORA, tenants=None, **model) -> AppConfig:
             {"name": "all"},
             {"name": "legal"},
             {"name": "support-only", "models": ["base-support"]},
+            {"name": "legal-base", "models": ["base"]},
         ],
     )
 
@@ -95,12 +96,32 @@ def test_a_tenant_may_list_an_adapter_and_an_unknown_name_is_refused():
         ("support-only", "base-support", True),
         ("support-only", "base", False),  # its list names the adapter, not the base
         ("support-only", "base-legal", False),
+        ("legal-base", "base", True),
+        ("legal-base", "base-support", False),  # no `tenants`: its own list must name it
+        ("legal-base", "base-legal", False),  # the adapter names "legal", not "legal-base"
     ],
 )
 def test_who_may_use_an_adapter(tenant, name, allowed):
     c = config()
     t = next(t for t in c.tenants if t.name == tenant)
-    assert may_use(t, name, c.served()[name].adapter) is allowed
+    assert may_use(t, name, c.served()[name]) is allowed
+
+
+def test_an_adapter_naming_a_tenant_is_a_grant_where_its_list_names_the_base():
+    # A runtime adapter cannot be in a list written before it existed: the adapter's own
+    # `tenants` grants it, to a tenant whose list names its base model.
+    adapters = [{"name": "base-legal", "source": "/a", "tenants": ["legal", "listed"]}]
+    tenants = [
+        {"name": "legal"},
+        {"name": "listed", "models": ["base"]},
+        {"name": "elsewhere", "models": ["other"]},
+    ]
+    c = config(lora={**LORA, "adapters": adapters}, tenants=tenants)
+    served = c.served()["base-legal"]
+    by_name = {t.name: t for t in c.tenants}
+    assert may_use(by_name["legal"], "base-legal", served)
+    assert may_use(by_name["listed"], "base-legal", served)
+    assert not may_use(by_name["elsewhere"], "base-legal", served)  # named, but not its base
 
 
 def test_the_engine_loads_every_adapter_at_start_with_the_limits():

@@ -150,8 +150,8 @@ async def test_an_adapter_added_at_runtime_is_found_on_its_first_request():
     served = await table.find("ad-new")
     assert replicas.calls == 2 and served.model.name == "base"
     tenants = {t.name: t for t in app().tenants}
-    assert may_use(tenants["legal"], "ad-new", served.adapter)
-    assert not may_use(tenants["all"], "ad-new", served.adapter)
+    assert may_use(tenants["legal"], "ad-new", served)
+    assert not may_use(tenants["all"], "ad-new", served)
     assert dict(table.items()).keys() == {"base", "base-fixed", "plain", "ad-new"}
 
     # Replicas that do not answer keep the last answer; a removal is seen on the next refresh

@@ -7,7 +7,12 @@ from pydantic import ValidationError
 
 from llmserve.config.app_config import AppConfig, TenantConfig
 from llmserve.protocol.openai_protocol import OpenAIError
-from llmserve.router.tenancy import TenantDirectory, estimate_prompt_tokens, request_terms
+from llmserve.router.tenancy import (
+    TenantDirectory,
+    estimate_prompt_tokens,
+    may_use,
+    request_terms,
+)
 
 KEY_A = "sk-alpha-0000"
 KEY_B = "sk-bravo-1111"
@@ -205,14 +210,14 @@ def tenant(**kw) -> TenantConfig:
     ],
 )
 def test_max_tokens_terms(kw, asked, default, expected):
-    terms = request_terms(tenant(**kw), "m1", asked, None, default)
+    terms = request_terms(tenant(**kw), asked, None, default)
     assert (terms.max_tokens, terms.engine_max_tokens, terms.max_tokens_clamped_from) == expected
 
 
 def test_max_tokens_over_the_cap_is_refused_when_the_tenant_says_reject():
     t = tenant(max_tokens_cap=512, max_tokens_over_cap="reject")
     with pytest.raises(OpenAIError) as e:
-        request_terms(t, "m1", 513, None, 256)
+        request_terms(t, 513, None, 256)
     assert (e.value.status, e.value.param, e.value.code) == (
         400,
         "max_tokens",
@@ -235,13 +240,13 @@ def test_max_tokens_over_the_cap_is_refused_when_the_tenant_says_reject():
 )
 def test_timeout_terms(default_s, max_s, asked, expected):
     t = tenant(default_timeout_s=default_s, max_timeout_s=max_s)
-    assert request_terms(t, "m1", None, asked, 256).timeout_s == expected
+    assert request_terms(t, None, asked, 256).timeout_s == expected
 
 
 @pytest.mark.parametrize("asked", [0, -1, float("nan"), float("inf"), float("-inf")])
 def test_a_bad_timeout_is_400(asked):
     with pytest.raises(OpenAIError) as e:
-        request_terms(tenant(), "m1", None, asked, 256)
+        request_terms(tenant(), None, asked, 256)
     assert (e.value.status, e.value.param) == (400, "timeout")
 
 
@@ -256,21 +261,8 @@ def test_a_bad_timeout_is_400(asked):
     ],
 )
 def test_model_access(models, model, allowed):
-    t = tenant(models=models)
-    if allowed:
-        assert request_terms(t, model, None, None, 256).max_tokens == 256
-        return
-    with pytest.raises(OpenAIError) as e:
-        request_terms(t, model, None, None, 256)
-    # The same answer as an unknown model.
-    assert (e.value.status, e.value.param, e.value.code) == (404, "model", "model_not_found")
-
-
-def test_model_access_is_checked_before_the_other_terms():
-    t = tenant(models=["m1"], max_tokens_cap=10, max_tokens_over_cap="reject")
-    with pytest.raises(OpenAIError) as e:
-        request_terms(t, "m2", 10_000, -1, 256)
-    assert e.value.status == 404
+    served = app_config(anonymous_tenant=None).served()[model]
+    assert may_use(tenant(models=models), model, served) is allowed
 
 
 @pytest.mark.parametrize(
