@@ -120,7 +120,8 @@ class RouterMetrics:
         self.rejections = Counter(
             "llmserve_rejections",
             description="Requests refused at admission, by model and reason "
-            "(rate_limit, concurrency, queue_full, queue_wait, queue_timeout, deadline).",
+            "(rate_limit, concurrency, queue_full, queue_wait, queue_timeout, cold_start, "
+            "deadline).",
             tag_keys=("model", "reason"),
         )
         self._exported: _Counter[tuple[str, str]] = _Counter()

@@ -50,7 +50,7 @@ from llmserve.policies import wait_estimate
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
 
 # queue_wait: refused on arrival because its expected wait already exceeds its wait bound.
-RejectReason = Literal["queue_full", "queue_timeout", "queue_wait"]
+RejectReason = Literal["queue_full", "queue_timeout", "queue_wait", "cold_start"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from llmserve.policies.admission import AdmissionPolicy, Admit, Queue, Reject
 from llmserve.policies.in_flight_limit import InFlightLimit
 from llmserve.policies.rate_limit import TenantLimiter
 from llmserve.protocol.openai_protocol import OpenAIError
+from llmserve.router import refusals
 from llmserve.router.ticket import Ticket
 
 UNKNOWN_MODEL = "unknown"  # the metrics label of a refusal made before the body named a model
@@ -33,10 +34,6 @@ def _initial_replicas(model: ModelConfig) -> int:
     return model.deployment.num_replicas if a is None else max(a.min_replicas, 1)
 
 
-def _retry_after(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds)))
-
-
 class Gate:
     def __init__(
         self,
@@ -44,8 +41,11 @@ class Gate:
         tenants: list[TenantConfig],
         num_router_replicas: int,
         clock: Callable[[], float] = time.monotonic,
+        wake: Callable[[str], None] = lambda model: None,
     ) -> None:
         self.clock = clock  # tickets' times are on it; the Router's relay and housekeeping read it
+        self._wake = wake  # starts a replica of a model scaled to zero (the Router's handle call)
+        self._cold_since: dict[str, float] = {}  # models with no replica, since a request came
         self._share = 1.0 / num_router_replicas
         self._levels = config.admission.priority_levels
         self._tenants = {t.name: t for t in tenants}
@@ -168,16 +168,7 @@ class Gate:
         decision = self._limiters[tenant.name].peek_request(self.clock())
         if not decision.allowed:
             self.num_rejected[(UNKNOWN_MODEL, "rate_limit")] += 1
-            raise self._rate_limited(tenant, decision, decision.status.headers())
-
-    def _rate_limited(self, tenant: TenantConfig, decision, headers: dict[str, str]) -> OpenAIError:
-        return OpenAIError(
-            429,
-            f"Rate limit reached for {' and '.join(decision.limited_by)} of tenant "
-            f"'{tenant.name}'. Retry after {decision.retry_after_s:.2f} s.",
-            code="rate_limit_exceeded",
-            headers={**headers, "Retry-After": _retry_after(decision.retry_after_s)},
-        )
+            raise refusals.rate_limited(tenant, decision, decision.status.headers())
 
     def _check_limits(
         self, tenant: TenantConfig, model: str, num_tokens: int, timeout_s: float
@@ -190,15 +181,8 @@ class Gate:
         if not decision.allowed:
             self.num_rejected[(model, "rate_limit")] += 1
             if decision.exceeds_limit:
-                raise OpenAIError(
-                    400,
-                    f"this request needs {num_tokens} tokens, more than your limit allows; "
-                    "lower max_tokens or shorten the prompt",
-                    param="max_tokens",
-                    code="request_too_large",
-                    headers=headers,
-                )
-            raise self._rate_limited(tenant, decision, headers)
+                raise refusals.too_large(num_tokens, headers)
+            raise refusals.rate_limited(tenant, decision, headers)
         ticket = Ticket(
             f"q{next(self._ids)}",
             tenant.name,
@@ -212,12 +196,7 @@ class Gate:
         if cap is not None and self._concurrent[tenant.name] >= math.ceil(cap * self._share):
             limiter.settle(num_tokens, 0, now)
             self.num_rejected[(model, "concurrency")] += 1
-            raise OpenAIError(
-                429,
-                f"Too many concurrent requests for tenant '{tenant.name}' (limit {cap}).",
-                code="concurrency_limit_exceeded",
-                headers={**headers, "Retry-After": "1"},
-            )
+            raise refusals.too_concurrent(tenant, cap, headers)
         self._concurrent[tenant.name] += 1
         return ticket
 
@@ -228,6 +207,7 @@ class Gate:
         for r in queue.poll(now):  # expired entries must not count against the newcomer
             self._fail_waiter(ticket.model, r)
         self._refuse_a_late_start(ticket, priority)
+        self._refuse_a_cold_start(ticket, priority, timeout_s)
         decision = queue.offer(ticket.entry_id, priority, now)
         if isinstance(decision, Admit):
             if decision.preempted is not None:
@@ -248,11 +228,8 @@ class Gate:
                 self._start(queue.release(ticket.entry_id, self.clock()))
             if isinstance(e, asyncio.TimeoutError):
                 self.num_rejected[(ticket.model, "deadline")] += 1
-                raise OpenAIError(
-                    504,
-                    f"deadline of {timeout_s:g} s exceeded while queued",
-                    code="deadline_exceeded",
-                ) from None
+                message = f"deadline of {timeout_s:g} s exceeded while queued"
+                raise refusals.deadline_exceeded(message) from None
             raise
         finally:
             self._waiters.pop(ticket.entry_id, None)
@@ -266,6 +243,20 @@ class Gate:
         if objective_s is not None and expected_s is not None and expected_s > objective_s:
             retry_s = max(1.0, expected_s - objective_s)
             raise self._rejection(ticket.model, Reject(ticket.entry_id, "queue_wait", retry_s))
+
+    def _refuse_a_cold_start(self, ticket: Ticket, priority: int, timeout_s: float) -> None:
+        """With no replica running (scaled to zero), a request waits for one to start: held if
+        what is left of the start fits its class's promise (without one, its deadline), refused
+        now if not (503 `cold_start`, Retry-After: the start left), the start begun regardless."""
+        autoscaling = self._models[ticket.model].deployment.autoscaling
+        if autoscaling is None or self._live_replicas.get(ticket.model) != 0:
+            return
+        since_s = self._cold_since.setdefault(ticket.model, self.clock())
+        left_s = max(0.0, autoscaling.replica_start_s - (self.clock() - since_s))
+        if left_s <= self._objective_s.get(priority, timeout_s):
+            return
+        self._wake(ticket.model)
+        raise self._rejection(ticket.model, Reject(ticket.entry_id, "cold_start", left_s))
 
     def preemptible(self, ticket: Ticket, on_preempt: Callable[[], None]) -> None:
         """`ticket`'s request may stop for a more urgent one and resume later: `on_preempt`
@@ -291,28 +282,15 @@ class Gate:
             await asyncio.wait_for(ticket.readmitted, max(0.0, ticket.deadline_s - self.clock()))
         except asyncio.TimeoutError:
             self.num_rejected[(ticket.model, "deadline")] += 1
-            raise OpenAIError(
-                504,
-                "the request's deadline passed while it was preempted",
-                code="deadline_exceeded",
-            ) from None
+            message = "the request's deadline passed while it was preempted"
+            raise refusals.deadline_exceeded(message) from None
         finally:
             self._waiters.pop(ticket.entry_id, None)
             ticket.readmitted = None
 
     def _rejection(self, model: str, r: Reject) -> OpenAIError:
         self.num_rejected[(model, r.reason)] += 1
-        what = {
-            "queue_full": "queue is full",
-            "queue_timeout": "request waited too long",
-            "queue_wait": "expected queue wait is longer than allowed",
-        }[r.reason]
-        return OpenAIError(
-            503,
-            f"model '{model}' is overloaded ({what}); retry after {r.retry_after_s:.1f} s",
-            code=r.reason,
-            headers={"Retry-After": _retry_after(r.retry_after_s)},
-        )
+        return refusals.overloaded(model, r.reason, r.retry_after_s)
 
     def _fail_waiter(self, model: str, r: Reject) -> None:
         fut = self._waiters.get(r.entry_id)
@@ -375,6 +353,8 @@ class Gate:
 
     def set_live_replicas(self, model: str, num_replicas: int) -> None:
         self._live_replicas[model] = num_replicas
+        if num_replicas:
+            self._cold_since.pop(model, None)
         capacity = self._caps[model] = self._capacity(self._models[model], num_replicas)
         limit = self._limits.get(model)
         if limit is not None:

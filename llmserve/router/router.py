@@ -52,6 +52,7 @@ from llmserve.router.request_path import (
 )
 from llmserve.router.served_table import ServedTable
 from llmserve.router.tenancy import TenantDirectory, may_use
+from llmserve.router.wake import Waker
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 0.1  # queue expiry resolution
@@ -97,7 +98,8 @@ class Router:
             logger.info("shield's map for HAProxy: %s", shield_map)
         except OSError as e:  # the Router serves on; its own buckets refuse the floods
             logger.warning("HAProxy's shield is off: %s", e)
-        self._gate = Gate(self._config, self._directory.tenants, self._config.router.num_replicas)
+        routers = self._config.router.num_replicas
+        self._gate = Gate(self._config, self._directory.tenants, routers, wake=Waker(llm_handles))
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }

@@ -76,6 +76,7 @@ SELF_CONTAINED = (
 OWN_ENGINES = (
     "test_promises.py",
     "test_overload_goodput.py",
+    "test_cold_start.py",
     "test_memory_plan.py",
     "test_routing.py",
     "test_autoscaling.py",

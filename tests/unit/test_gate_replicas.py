@@ -269,3 +269,74 @@ def test_not_ready_until_every_model_has_a_running_replica():
     assert gate.not_ready() == {}
     gate.set_live_replicas("a", 0)  # a replica died and is being replaced
     assert gate.not_ready() == {"a": "no replica running"}
+
+
+# ------------------------------------------------------------------------------ cold start
+
+
+def cold_gate(replica_start_s: float = 30.0):
+    """A model scaled to zero whose replica takes `replica_start_s` to start; the wakes the
+    gate asked for, in order."""
+    config = AppConfig.model_validate(
+        {
+            "models": [
+                {
+                    "name": MODEL,
+                    "source": "org/m",
+                    "deployment": {
+                        "autoscaling": {
+                            "min_replicas": 0,
+                            "max_replicas": 1,
+                            "replica_start_s": replica_start_s,
+                        }
+                    },
+                }
+            ],
+            "tenants": [
+                {"name": "std", "priority": "standard"},
+                {"name": "b", "priority": "batch"},
+            ],
+            "admission": {"anonymous_tenant": None, "ttft_objective_s_by_class": {"standard": 2}},
+        }
+    )
+    wakes: list[str] = []
+    clock = FakeClock()
+    gate = Gate(config, config.tenants, 1, clock=clock, wake=wakes.append)
+    gate.set_live_replicas(MODEL, 0)
+    return gate, {t.name: t for t in config.tenants}, clock, wakes
+
+
+async def test_a_cold_start_that_breaks_the_promise_is_refused_at_once_and_begun():
+    gate, tenants, clock, wakes = cold_gate()
+    e = await refused(gate.admit(tenants["std"], MODEL, 10, 60))
+    assert (e.status, e.code, e.headers["Retry-After"]) == (503, "cold_start", "30")
+    assert wakes == [MODEL]  # the start begins though no request waits for it
+    clock.now_s += 20
+    e = await refused(gate.admit(tenants["std"], MODEL, 10, 60))
+    assert e.headers["Retry-After"] == "10"  # what is left of the same start
+    clock.now_s += 8.5
+    # 1.5 s of the start left: within the 2 s promise, so it is held (let through to the
+    # handle, where it waits for the replica).
+    gate.finish(await gate.admit(tenants["std"], MODEL, 10, 60), 10)
+    assert gate.num_rejected[(MODEL, "cold_start")] == 2
+
+
+@pytest.mark.parametrize(("timeout_s", "held"), [(60, True), (10, False)])
+async def test_a_class_without_a_promise_is_held_if_the_start_fits_its_deadline(timeout_s, held):
+    gate, tenants, clock, wakes = cold_gate()
+    if held:
+        gate.finish(await gate.admit(tenants["b"], MODEL, 10, timeout_s), 10)
+    else:
+        assert (await refused(gate.admit(tenants["b"], MODEL, 10, timeout_s))).status == 503
+    assert wakes == ([] if held else [MODEL])
+
+
+async def test_with_a_replica_running_nothing_is_refused_for_a_start():
+    gate, tenants, clock, wakes = cold_gate()
+    await refused(gate.admit(tenants["std"], MODEL, 10, 60))
+    gate.set_live_replicas(MODEL, 1)
+    gate.finish(await gate.admit(tenants["std"], MODEL, 10, 60), 10)
+    gate.set_live_replicas(MODEL, 0)  # scaled to zero again: a new start, from its first request
+    clock.now_s += 100
+    e = await refused(gate.admit(tenants["std"], MODEL, 10, 60))
+    assert e.headers["Retry-After"] == "30" and wakes == [MODEL, MODEL]
