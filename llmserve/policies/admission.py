@@ -6,10 +6,9 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 
 - `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
   `Reject("queue_full", retry_after_s)`. A class with a first-token promise
-  (`ttft_objective_s_by_level`) is refused at once (`queue_wait`) when the engine slot it
-  would get comes later than the promise: the queued entries ahead of it and the admitted
-  ones still in the engines' waiting line go first, one engine slot freeing every mean
-  service time / `engine_slots`. Admitted to miss it, it would only lengthen the line.
+  (`ttft_objective_s_by_level`) starts only while the promised work in flight leaves an engine
+  slot (`engine_slots`); it is refused at once (`queue_wait`) when that slot comes later than
+  the promise (the entries ahead of it, one slot freeing every mean service time / slots).
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names;
@@ -18,21 +17,20 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   its bound: a wait near the mean times out half the time, a refusal that came late.
 - `cancel` drops a queued entry whose client left; `set_capacity` follows live replicas.
 - `mark_preemptible` an in-flight entry that can stop and resume later (a tracked stream):
-  a newcomer of a class with a first-token promise that would otherwise wait, or miss its
-  promise, takes the slot of the lowest-class such entry below its own, the longest running
-  (most likely running in the engine, not waiting in its line); that entry waits in the
-  queue again, as a new arrival of its class (`Admit.preempted`).
+  a newcomer of a promised class that would otherwise wait, or miss its promise, takes the
+  slot of the lowest-class such entry below its own, the longest running; that entry waits
+  in the queue again, as a new arrival of its class (`Admit.preempted`).
 
 Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
 arrival; with ageing, an entry's effective priority drops by one every `ageing_s` seconds it
 waits, so batch work passes newer interactive work after long enough and is never starved.
+Unpromised work never passes a promised entry that waits.
 
 Reserved slots: the capped class (base priority >= `capped_priority`, batch by default)
-holds at most `batch_max_share` of the engines' slots (`engine_slots`: the sequences the
-model's engines run at once), not of the capacity, which is larger on purpose (the engines'
-waiting line refills a finished sequence's slot at the next step). vLLM's priority scheduling
-never stops a running sequence: without the cap an interactive request would wait for a batch
-one to finish. At share 1 the class may hold the whole capacity. Invariant after every call:
+holds at most `batch_max_share` of the engines' slots, not of the capacity, which is larger
+on purpose (unpromised work in the engines' waiting line refills a finished sequence's slot
+at the next step). vLLM's priority scheduling never stops a running sequence: without the
+cap an interactive request would wait for a batch one to finish. Invariant after every call:
 every queued entry that could start has started. How long one would wait: wait_estimate.py.
 """
 
@@ -43,47 +41,11 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from llmserve.policies import wait_estimate
+from llmserve.policies.admission_decisions import Admit, Decision, Queue, Reject
 
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
-
-# queue_wait: refused on arrival because its expected wait already exceeds its wait bound.
-RejectReason = Literal["queue_full", "queue_timeout", "queue_wait", "cold_start"]
-
-
-@dataclass(frozen=True)
-class Admit:
-    """Start this request now: it holds one in-flight slot until `release`.
-
-    `preempted`: the in-flight entry of a lower class whose slot it took. That entry is queued
-    again (its stream must stop now, and resume where it stopped when it starts again)."""
-
-    entry_id: str
-    preempted: str | None = None
-
-
-@dataclass(frozen=True)
-class Reject:
-    """Answer this request 503 with Retry-After (an estimate, in seconds, not rounded)."""
-
-    entry_id: str
-    reason: RejectReason
-    retry_after_s: float
-
-
-@dataclass(frozen=True)
-class Queue:
-    """This request waits; a later `release`/`set_capacity` starts it or `poll` expires it.
-    `displaced`: the least urgent, newest entry of a full queue, rejected to make room for this
-    more urgent one; the caller answers it too."""
-
-    entry_id: str
-    displaced: Reject | None = None
-
-
-Decision = Admit | Queue | Reject
 
 
 @dataclass(frozen=True)
@@ -138,6 +100,7 @@ class AdmissionPolicy:
         self._ttft_objective_s_by_level = dict(ttft_objective_s_by_level or {})
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
         self._in_flight_capped: set[str] = set()
+        self._in_flight_promised: set[str] = set()
         self._preemptible: dict[str, int] = {}  # in-flight entry id -> its base priority
         self._queued: dict[str, _Entry] = {}
         # One FIFO per base priority. Ageing depends only on the wait, so within one base
@@ -253,6 +216,7 @@ class AdmissionPolicy:
         """
         admitted_s = self._in_flight.pop(entry_id)
         self._in_flight_capped.discard(entry_id)
+        self._in_flight_promised.discard(entry_id)
         self._preemptible.pop(entry_id, None)
         service_s = max(0.0, now_s - admitted_s)
         self._mean_service_s = wait_estimate.mean_service_s(self._mean_service_s, service_s)
@@ -332,12 +296,22 @@ class AdmissionPolicy:
     def _may_start(self, priority: int) -> bool:
         if len(self._in_flight) >= self._capacity:
             return False
-        return not self._is_capped(priority) or len(self._in_flight_capped) < self.capped_limit
+        if self._is_capped(priority) and len(self._in_flight_capped) >= self.capped_limit:
+            return False
+        promised = self._ttft_objective_s_by_level
+        if priority not in promised:  # and passes no promised entry waiting for a slot
+            return not any(level in promised for level in self._levels)
+        # Promised work goes to the engine only while the promised in flight leave it a slot:
+        # behind them (ahead of unpromised work: the engine's priority order) it would wait
+        # for a running answer to end, seconds that no estimate here sees.
+        return not self._engine_slots or len(self._in_flight_promised) < self._engine_slots
 
     def _admit(self, entry_id: str, priority: int, now_s: float) -> None:
         self._in_flight[entry_id] = now_s
         if self._is_capped(priority):
             self._in_flight_capped.add(entry_id)
+        if priority in self._ttft_objective_s_by_level:
+            self._in_flight_promised.add(entry_id)
 
     def _victim(self, priority: int) -> str | None:
         """The preemptible in-flight entry of the lowest class below `priority`, the one
@@ -349,6 +323,7 @@ class AdmissionPolicy:
         priority = self._preemptible.pop(entry_id)
         del self._in_flight[entry_id]
         self._in_flight_capped.discard(entry_id)
+        self._in_flight_promised.discard(entry_id)
         self._push(_Entry(entry_id, priority, now_s, next(self._seq)))
 
     def _start_queued(self, now_s: float) -> list[str]:
@@ -359,7 +334,7 @@ class AdmissionPolicy:
                 key=lambda e: self._key(e, now_s),
             )
             best = next((e for e in heads if self._may_start(e.priority)), None)
-            if best is None:  # only capped entries wait, and their share is taken
+            if best is None:  # capped entries over their share, promised ones without a slot
                 break
             self._remove(best)
             self._admit(best.entry_id, best.priority, now_s)
@@ -378,6 +353,8 @@ class AdmissionPolicy:
             if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority))
         )
         slots = self.capped_limit if capped else self._capacity
+        if self._engine_slots and entry.priority in self._ttft_objective_s_by_level:
+            slots = min(slots, self._engine_slots)
         return wait_estimate.queue_wait_s(ahead, self._mean_service_s, slots)
 
     def _expected_engine_wait_s(self, entry: _Entry, now_s: float) -> float | None:
@@ -388,7 +365,9 @@ class AdmissionPolicy:
         key = self._key(entry, now_s)
         ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
         slots = min(self._capacity, self._engine_slots)
-        return wait_estimate.engine_wait_s(ahead, len(self._in_flight), slots, self._mean_service_s)
+        # Unpromised work in the engines' line waits behind it there: it does not count.
+        in_engine = max(min(len(self._in_flight), slots), len(self._in_flight_promised))
+        return wait_estimate.engine_wait_s(ahead, in_engine, slots, self._mean_service_s)
 
     def _retry_after_s(self, priority: int) -> float:
         return wait_estimate.retry_after_s(

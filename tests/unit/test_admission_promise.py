@@ -28,26 +28,41 @@ def test_a_free_engine_slot_admits_at_once_whatever_the_service_time():
     ]
 
 
-def test_the_engines_waiting_line_counts_against_the_promise():
+def test_a_promised_class_waits_for_an_engine_slot_in_the_queue_not_in_the_engines_line():
     # 4 s a request on 4 slots: an engine slot frees every second.
     policy = policy_with_service(4.0)
     for i in range(4):
         assert policy.offer(f"s{i}", STANDARD, 4.0) == Admit(f"s{i}")
-    # Line empty, all slots busy: 1 x 4 s / 4 = 1 s to a slot, within standard's 2 s.
-    assert policy.offer("s4", STANDARD, 4.0) == Admit("s4")
-    # One ahead in the engines' line: 2 s, still within 2 s; interactive's 1 s is not.
-    assert isinstance(policy.offer("i0", INTERACTIVE, 4.0), Reject)
-    assert policy.offer("s5", STANDARD, 4.0) == Admit("s5")
+    # Engine slots all busy, Router slots left: it waits here for the next slot (1 s), where
+    # the queue orders it and its bound holds, not in the engine behind a running answer.
+    assert policy.offer("s4", STANDARD, 4.0) == Queue("s4")
+    assert policy.offer("i0", INTERACTIVE, 4.0) == Queue("i0")  # ahead of s4: 1 s, within 1 s
     # Two ahead: 3 s > 2 s, refused at once with a Retry-After, not queued to miss it.
-    r = policy.offer("s6", STANDARD, 4.0)
+    r = policy.offer("s5", STANDARD, 4.0)
     assert isinstance(r, Reject) and r.reason == "queue_wait" and r.retry_after_s >= 1
-    # Batch has no promise: it queues within its own bound as before.
-    assert isinstance(policy.offer("b0", BATCH, 4.0), Queue)
+    # Batch has no promise: it waits behind them, not in the free Router slots.
+    assert policy.offer("b0", BATCH, 4.0) == Queue("b0")
+    assert policy.release("s0", 5.0) == ["i0"]
+    # The last promised entry started: batch may fill the engines' line behind them again.
+    assert policy.release("s1", 5.0) == ["s4", "b0"]
+
+
+def test_unpromised_work_in_the_engines_line_does_not_hold_a_promised_class_back():
+    policy = policy_with_service(4.0)
+    assert [policy.offer(f"b{i}", BATCH, 4.0) for i in range(6)] == [
+        Admit(f"b{i}") for i in range(6)
+    ]
+    # Router slots full: it waits for the first to free, then goes to the engines ahead of the
+    # batch in their line (vLLM's priority order): 1 s to a slot, not 3.
+    assert policy.offer("s0", STANDARD, 4.0) == Queue("s0")
+    assert policy.offer("b6", BATCH, 4.0) == Queue("b6")
+    assert policy.release("b0", 5.0) == ["s0"]
 
 
 def test_no_prediction_before_a_completion_or_without_the_engines_slots():
     policy = make(capacity=6, engine_slots=4, ttft_objective_s_by_level=OBJECTIVES)
-    assert [type(policy.offer(f"s{i}", STANDARD, 0.0)) for i in range(7)] == [Admit] * 6 + [Queue]
+    decisions = [type(policy.offer(f"s{i}", STANDARD, 0.0)) for i in range(7)]
+    assert decisions == [Admit] * 4 + [Queue] * 3  # no estimate yet: past the slots, queued
     blind = make(capacity=2, ttft_objective_s_by_level=OBJECTIVES)
     blind.offer("w", STANDARD, 0.0)
     blind.release("w", 100.0)

@@ -49,8 +49,8 @@ async def test_the_cap_starts_at_the_engine_slots_a_miss_cuts_it_kept_promises_g
     for t in tickets:
         gate.finish(t, 10)
     # Under the new cap, a first token well within the promise of the request that filled it:
-    # one more a round, past the engines' slots up to the Router's cap.
-    for grown in (7, 8, 9, 10, 10):
+    # one more a round, back to the engines' slots.
+    for grown in (7, 8):
         clock.now_s += 0.1
         tickets = [await admit(gate, tenants["std"]) for _ in range(capacity(gate))]
         clock.now_s += 0.3
@@ -58,6 +58,17 @@ async def test_the_cap_starts_at_the_engine_slots_a_miss_cuts_it_kept_promises_g
         assert capacity(gate) == grown
         for t in tickets:
             gate.finish(t, 10)
+    # Past them a promised class waits in the queue, not in the engine's line, whatever the cap.
+    tickets = [await admit(gate, tenants["std"]) for _ in range(8)]
+    gate.first_token(tickets[-1], clock())
+    assert capacity(gate) == 9
+    late = asyncio.ensure_future(admit(gate, tenants["std"]))
+    await settle()
+    assert not late.done()
+    gate.finish(tickets[0], 10)
+    tickets[0] = await late
+    for t in tickets:
+        gate.finish(t, 10)
     assert_idle(gate)
 
 
@@ -98,7 +109,9 @@ async def test_a_stalled_first_token_cuts_the_cap_on_the_tick_only_behind_a_line
 async def test_late_first_tokens_that_cut_nothing(tenant, streamed, admission, cap):
     gate, tenants, clock = gate_with_promise(**admission)
     assert capacity(gate) == cap
-    tickets = [await admit(gate, tenants[tenant], streamed=streamed) for _ in range(cap)]
+    promised = tenant == "std" and admission.get("ttft_objective_s_by_class") != {}
+    num = min(cap, 8) if promised else cap  # a promised class fills the engine slots only
+    tickets = [await admit(gate, tenants[tenant], streamed=streamed) for _ in range(num)]
     clock.now_s += 30
     gate.tick()
     for t in tickets:
