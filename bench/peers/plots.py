@@ -40,7 +40,8 @@ def throughput(results: dict[str, Any], path: Path) -> None:
     ):
         _style(ax, title, "concurrent requests (closed loop)", ylabel)
         _log2_ticks(ax, results["workload"]["concurrencies"], "{:g}")
-    ax2.set_yscale("log")
+    if any(len(line.get_xdata()) for line in ax2.get_lines()):  # a run without the sweep: none
+        ax2.set_yscale("log")
     _save(plt, fig, results, path)
 
 
