@@ -7,8 +7,8 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 - `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
   `Reject("queue_full", retry_after_s)`. A class with a first-token promise
   (`ttft_objective_s_by_level`) starts only while the promised work in flight leaves an engine
-  slot (`engine_slots`); it is refused at once (`queue_wait`) when that slot comes later than
-  the promise (the entries ahead of it, one slot freeing every mean service time / slots).
+  slot (`engine_slots`); without one free now (or one that frees later than the promise) it
+  is refused at once (`queue_wait`), not queued: it queues only where no estimate exists yet.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names;
@@ -180,10 +180,12 @@ class AdmissionPolicy:
                     self._preempt(victim, now_s)
                     self._admit(entry_id, priority, now_s)
                     return Admit(entry_id, preempted=victim)
-            if late:
-                # Its first token would come after its class's promise: refused now, honestly,
-                # rather than admitted to miss it.
-                return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
+                if first_s is not None:
+                    # Its first token would come after its promise, or it has no engine slot:
+                    # refused now, not admitted to miss it nor queued. Slots free in bursts
+                    # (answers that started together end together) at a rate a load's onset
+                    # hides: a wait estimated a second short makes a refusal that comes late.
+                    return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         # By the invariant, a free slot means that only capped entries over their cap wait.
         if self._may_start(priority):
             self._admit(entry_id, priority, now_s)
@@ -367,7 +369,9 @@ class AdmissionPolicy:
         slots = min(self._capacity, self._engine_slots)
         # Unpromised work in the engines' line waits behind it there: it does not count.
         in_engine = max(min(len(self._in_flight), slots), len(self._in_flight_promised))
-        return wait_estimate.engine_wait_s(ahead, in_engine, slots, self._mean_service_s)
+        # The slots' holders: the oldest in flight (the engines start their line in order).
+        ages = sorted((now_s - t for t in self._in_flight.values()), reverse=True)[:slots]
+        return wait_estimate.engine_wait_s(ahead, in_engine, slots, self._mean_service_s, ages)
 
     def _retry_after_s(self, priority: int) -> float:
         return wait_estimate.retry_after_s(

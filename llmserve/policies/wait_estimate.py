@@ -5,6 +5,8 @@ counts the entries and acts on the answers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # Weight of the newest completion in the mean service time: it follows load changes within tens
 # of requests, and one runaway request barely moves it.
 SERVICE_TIME_WEIGHT = 0.1
@@ -28,16 +30,23 @@ def queue_wait_s(ahead: int, mean_s: float | None, slots: int) -> float | None:
     return (ahead + 1) * mean_s / slots
 
 
-def engine_wait_s(ahead: int, num_in_flight: int, slots: int, mean_s: float | None) -> float | None:
+def engine_wait_s(
+    ahead: int, num_in_flight: int, slots: int, mean_s: float | None, ages_s: Sequence[float] = ()
+) -> float | None:
     """Seconds until an entry has an engine slot: the queued entries ahead of it and the admitted
     ones still in the engines' waiting line (in flight beyond the engines' `slots`) go first,
-    one slot freeing every mean service time / slots. 0 while a slot is free."""
+    one slot freeing every mean service time / slots; and no sooner than the running requests
+    (`ages_s`: how long each has run) reach the mean one by one: requests that started in one
+    burst end in one, which a rate hides. 0 while a slot is free."""
     if mean_s is None or slots <= 0:
         return None
     in_line = max(0, num_in_flight - slots)
     if ahead + in_line == 0 and num_in_flight < slots:
         return 0.0
-    return (ahead + in_line + 1) * mean_s / slots
+    k = ahead + in_line + 1
+    left = sorted(max(0.0, mean_s - age) for age in ages_s)
+    by_age = left[k - 1] if k <= len(left) else 0.0
+    return max(k * mean_s / slots, by_age)
 
 
 def retry_after_s(

@@ -28,35 +28,34 @@ def test_a_free_engine_slot_admits_at_once_whatever_the_service_time():
     ]
 
 
-def test_a_promised_class_waits_for_an_engine_slot_in_the_queue_not_in_the_engines_line():
-    # 4 s a request on 4 slots: an engine slot frees every second.
+def test_a_promised_class_without_an_engine_slot_is_refused_at_once_not_queued():
+    # 4 s a request on 4 slots, one started a second: an engine slot frees every second.
     policy = policy_with_service(4.0)
     for i in range(4):
-        assert policy.offer(f"s{i}", STANDARD, 4.0) == Admit(f"s{i}")
-    # Engine slots all busy, Router slots left: it waits here for the next slot (1 s), where
-    # the queue orders it and its bound holds, not in the engine behind a running answer.
-    assert policy.offer("s4", STANDARD, 4.0) == Queue("s4")
-    assert policy.offer("i0", INTERACTIVE, 4.0) == Queue("i0")  # ahead of s4: 1 s, within 1 s
-    # Two ahead: 3 s > 2 s, refused at once with a Retry-After, not queued to miss it.
-    r = policy.offer("s5", STANDARD, 4.0)
-    assert isinstance(r, Reject) and r.reason == "queue_wait" and r.retry_after_s >= 1
-    # Batch has no promise: it waits behind them, not in the free Router slots.
-    assert policy.offer("b0", BATCH, 4.0) == Queue("b0")
-    assert policy.release("s0", 5.0) == ["i0"]
-    # The last promised entry started: batch may fill the engines' line behind them again.
-    assert policy.release("s1", 5.0) == ["s4", "b0"]
+        assert policy.offer(f"s{i}", STANDARD, 4.0 + i) == Admit(f"s{i}")
+    # Engine slots all busy, Router slots left: not into the engine's line behind a running
+    # answer, nor into a queue whose wait no estimate knows to the second: 503 now.
+    for entry_id, priority in (("s4", STANDARD), ("i0", INTERACTIVE)):
+        r = policy.offer(entry_id, priority, 7.0)
+        assert isinstance(r, Reject) and r.reason == "queue_wait" and r.retry_after_s >= 1
+    # Batch has no promise: it fills the engines' line behind them.
+    assert policy.offer("b0", BATCH, 7.0) == Admit("b0")
+    assert policy.release("s0", 8.0) == []
+    assert policy.offer("s5", STANDARD, 8.0) == Admit("s5")  # the freed slot
 
 
 def test_unpromised_work_in_the_engines_line_does_not_hold_a_promised_class_back():
     policy = policy_with_service(4.0)
-    assert [policy.offer(f"b{i}", BATCH, 4.0) for i in range(6)] == [
-        Admit(f"b{i}") for i in range(6)
+    assert [policy.offer(f"b{i}", BATCH, 4.0) for i in range(5)] == [
+        Admit(f"b{i}") for i in range(5)
     ]
-    # Router slots full: it waits for the first to free, then goes to the engines ahead of the
-    # batch in their line (vLLM's priority order): 1 s to a slot, not 3.
-    assert policy.offer("s0", STANDARD, 4.0) == Queue("s0")
-    assert policy.offer("b6", BATCH, 4.0) == Queue("b6")
-    assert policy.release("b0", 5.0) == ["s0"]
+    # Batch holds the engines' slots and started all at once: the first slot frees in 4 s,
+    # past the promise (a rate, 4 s / 4 slots, would say 1 s).
+    r = policy.offer("s0", STANDARD, 4.0)
+    assert isinstance(r, Reject) and r.reason == "queue_wait"
+    # 3 s later the first ends in 1 s: the promised request goes to the engines, ahead of the
+    # batch in their line (vLLM's priority order), not behind it.
+    assert policy.offer("s1", STANDARD, 7.0) == Admit("s1")
 
 
 def test_no_prediction_before_a_completion_or_without_the_engines_slots():
