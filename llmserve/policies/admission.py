@@ -7,8 +7,9 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
 - `offer` a new request: `Admit` (a slot is free), `Queue` (wait for one) or
   `Reject("queue_full", retry_after_s)`. A class with a first-token promise
   (`ttft_objective_s_by_level`) starts only while the promised work in flight leaves an engine
-  slot (`engine_slots`); without one free now (or one that frees later than the promise) it
-  is refused at once (`queue_wait`), not queued: it queues only where no estimate exists yet.
+  slot (`engine_slots`); without one it queues only for one of the next slots to free while
+  they are freeing, and is refused at once (`queue_wait`) if not, or if its slot comes later
+  than the promise.
 - `release` a finished request: its slot goes to the queued entries that may now start.
 - `poll` expires entries that waited longer than their class's bound ("queue_timeout"):
   `max_queue_wait_s`, or `max_queue_wait_s_by_level` for a base priority it names;
@@ -109,6 +110,7 @@ class AdmissionPolicy:
         self._levels: dict[int, OrderedDict[str, _Entry]] = {}
         self._seq = itertools.count()
         self._mean_service_s: float | None = None
+        self._last_release_s: float | None = None
 
     # -- state, for metrics and tests ------------------------------------------------
 
@@ -180,11 +182,9 @@ class AdmissionPolicy:
                     self._preempt(victim, now_s)
                     self._admit(entry_id, priority, now_s)
                     return Admit(entry_id, preempted=victim)
-                if first_s is not None:
-                    # Its first token would come after its promise, or it has no engine slot:
-                    # refused now, not admitted to miss it nor queued. Slots free in bursts
-                    # (answers that started together end together) at a rate a load's onset
-                    # hides: a wait estimated a second short makes a refusal that comes late.
+                if late or (first_s is not None and not self._freeing_soon(first_s, now_s)):
+                    # Its first token would come after its promise, or no slot frees soon:
+                    # refused now, not admitted to miss it nor queued to time out.
                     return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         # By the invariant, a free slot means that only capped entries over their cap wait.
         if self._may_start(priority):
@@ -217,6 +217,7 @@ class AdmissionPolicy:
         let in-flight exceed the capacity.
         """
         admitted_s = self._in_flight.pop(entry_id)
+        self._last_release_s = now_s
         self._in_flight_capped.discard(entry_id)
         self._in_flight_promised.discard(entry_id)
         self._preemptible.pop(entry_id, None)
@@ -372,6 +373,15 @@ class AdmissionPolicy:
         # The slots' holders: the oldest in flight (the engines start their line in order).
         ages = sorted((now_s - t for t in self._in_flight.values()), reverse=True)[:slots]
         return wait_estimate.engine_wait_s(ahead, in_engine, slots, self._mean_service_s, ages)
+
+    def _freeing_soon(self, wait_s: float, now_s: float) -> bool:
+        """A promised entry queues only while slots are freeing (one did within the last few
+        mean gaps: at a load's onset none has, and the mean service time is still the idle
+        one) and for one expected within a mean gap: slots free in bursts, and a wait
+        estimated a second short is a refusal that comes late."""
+        gap_s = (self._mean_service_s or 0.0) / max(1, self._engine_slots or 1)
+        recent = self._last_release_s is not None and now_s - self._last_release_s <= 4 * gap_s
+        return recent and wait_s <= 2 * gap_s
 
     def _retry_after_s(self, priority: int) -> float:
         return wait_estimate.retry_after_s(

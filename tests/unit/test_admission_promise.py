@@ -28,20 +28,27 @@ def test_a_free_engine_slot_admits_at_once_whatever_the_service_time():
     ]
 
 
-def test_a_promised_class_without_an_engine_slot_is_refused_at_once_not_queued():
+def test_a_promised_class_queues_only_for_a_slot_that_is_freeing():
     # 4 s a request on 4 slots, one started a second: an engine slot frees every second.
     policy = policy_with_service(4.0)
     for i in range(4):
-        assert policy.offer(f"s{i}", STANDARD, 4.0 + i) == Admit(f"s{i}")
-    # Engine slots all busy, Router slots left: not into the engine's line behind a running
-    # answer, nor into a queue whose wait no estimate knows to the second: 503 now.
+        assert policy.offer(f"s{i}", STANDARD, 8.0 + i) == Admit(f"s{i}")
+    # Engine slots all busy and none freed for 7 s (a load's onset: the mean service time may
+    # be the idle one): not into the engine's line behind a running answer, nor into a queue
+    # to time out there, but 503 now.
     for entry_id, priority in (("s4", STANDARD), ("i0", INTERACTIVE)):
-        r = policy.offer(entry_id, priority, 7.0)
+        r = policy.offer(entry_id, priority, 11.0)
         assert isinstance(r, Reject) and r.reason == "queue_wait" and r.retry_after_s >= 1
     # Batch has no promise: it fills the engines' line behind them.
-    assert policy.offer("b0", BATCH, 7.0) == Admit("b0")
-    assert policy.release("s0", 8.0) == []
-    assert policy.offer("s5", STANDARD, 8.0) == Admit("s5")  # the freed slot
+    assert policy.offer("b0", BATCH, 11.0) == Admit("b0")
+    assert policy.release("s0", 12.0) == []
+    assert policy.offer("s5", STANDARD, 12.0) == Admit("s5")  # the freed slot
+    # Slots are freeing, one a second: it may wait for the next two.
+    assert policy.offer("s6", STANDARD, 12.0) == Queue("s6")
+    assert policy.offer("s7", STANDARD, 12.0) == Queue("s7")
+    r = policy.offer("s8", STANDARD, 12.0)  # 3 s: past the next two
+    assert isinstance(r, Reject) and r.reason == "queue_wait"
+    assert policy.release("s1", 12.5) == ["s6"]
 
 
 def test_unpromised_work_in_the_engines_line_does_not_hold_a_promised_class_back():
