@@ -248,9 +248,12 @@ class Gate:
         """With no replica running (scaled to zero), a request waits for one to start: held if
         what is left of the start fits its class's promise (without one, its deadline), refused
         now if not (503 `cold_start`, Retry-After: the start left), the start begun regardless."""
-        autoscaling = self._models[ticket.model].deployment.autoscaling
-        if autoscaling is None or self._live_replicas.get(ticket.model) != 0:
+        # Only a model that may scale to zero: elsewhere a count of none is a replica starting
+        # anyway, or the Router's count from before the first one was up.
+        model = ticket.model
+        if model not in self._may_scale_to_zero or self._live_replicas.get(model) != 0:
             return
+        autoscaling = self._models[model].deployment.autoscaling
         since_s = self._cold_since.setdefault(ticket.model, self.clock())
         left_s = max(0.0, autoscaling.replica_start_s - (self.clock() - since_s))
         if left_s <= self._objective_s.get(priority, timeout_s):

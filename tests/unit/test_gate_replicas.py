@@ -5,6 +5,7 @@ queue: test_admission_gate.py.
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -274,7 +275,7 @@ def test_not_ready_until_every_model_has_a_running_replica():
 # ------------------------------------------------------------------------------ cold start
 
 
-def cold_gate(replica_start_s: float = 30.0):
+def cold_gate(replica_start_s: float = 30.0, min_replicas: int = 0):
     """A model scaled to zero whose replica takes `replica_start_s` to start; the wakes the
     gate asked for, in order."""
     config = AppConfig.model_validate(
@@ -285,7 +286,7 @@ def cold_gate(replica_start_s: float = 30.0):
                     "source": "org/m",
                     "deployment": {
                         "autoscaling": {
-                            "min_replicas": 0,
+                            "min_replicas": min_replicas,
                             "max_replicas": 1,
                             "replica_start_s": replica_start_s,
                         }
@@ -340,3 +341,14 @@ async def test_with_a_replica_running_nothing_is_refused_for_a_start():
     clock.now_s += 100
     e = await refused(gate.admit(tenants["std"], MODEL, 10, 60))
     assert e.headers["Retry-After"] == "30" and wakes == [MODEL, MODEL]
+
+
+async def test_a_model_that_never_scales_to_zero_is_never_refused_for_a_start():
+    # A count of none there is a replica starting anyway, or the Router's count from before the
+    # first one was up (seen: a 503 right after deploy): the request waits for it as before.
+    gate, tenants, clock, wakes = cold_gate(min_replicas=1)
+    pending = asyncio.ensure_future(gate.admit(tenants["std"], MODEL, 10, 60))
+    await settle()
+    gate.set_live_replicas(MODEL, 1)
+    gate.finish(await pending, 10)
+    assert wakes == [] and gate.num_rejected[(MODEL, "cold_start")] == 0
