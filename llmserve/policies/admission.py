@@ -296,14 +296,16 @@ class AdmissionPolicy:
     def _is_capped(self, priority: int) -> bool:
         return self._capped_priority is not None and priority >= self._capped_priority
 
+    def _is_promised(self, priority: int) -> bool:
+        return priority in self._ttft_objective_s_by_level
+
     def _may_start(self, priority: int) -> bool:
         if len(self._in_flight) >= self._capacity:
             return False
         if self._is_capped(priority) and len(self._in_flight_capped) >= self.capped_limit:
             return False
-        promised = self._ttft_objective_s_by_level
-        if priority not in promised:  # and passes no promised entry waiting for a slot
-            return not any(level in promised for level in self._levels)
+        if not self._is_promised(priority):  # and passes no promised entry waiting for a slot
+            return not any(self._is_promised(level) for level in self._levels)
         # Promised work goes to the engine only while the promised in flight leave it a slot:
         # behind them (ahead of unpromised work: the engine's priority order) it would wait
         # for a running answer to end, seconds that no estimate here sees.
@@ -313,7 +315,7 @@ class AdmissionPolicy:
         self._in_flight[entry_id] = now_s
         if self._is_capped(priority):
             self._in_flight_capped.add(entry_id)
-        if priority in self._ttft_objective_s_by_level:
+        if self._is_promised(priority):
             self._in_flight_promised.add(entry_id)
 
     def _victim(self, priority: int) -> str | None:
@@ -356,7 +358,7 @@ class AdmissionPolicy:
             if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority))
         )
         slots = self.capped_limit if capped else self._capacity
-        if self._engine_slots and entry.priority in self._ttft_objective_s_by_level:
+        if self._engine_slots and self._is_promised(entry.priority):
             slots = min(slots, self._engine_slots)
         return wait_estimate.queue_wait_s(ahead, self._mean_service_s, slots)
 
@@ -377,8 +379,8 @@ class AdmissionPolicy:
     def _freeing_soon(self, wait_s: float, now_s: float) -> bool:
         """A promised entry queues only while slots are freeing (one did within the last few
         mean gaps: at a load's onset none has, and the mean service time is still the idle
-        one) and for one expected within a mean gap: slots free in bursts, and a wait
-        estimated a second short is a refusal that comes late."""
+        one) and for one of the next two slots: slots free in bursts, and a wait estimated a
+        second short is a refusal that comes late."""
         gap_s = (self._mean_service_s or 0.0) / max(1, self._engine_slots or 1)
         recent = self._last_release_s is not None and now_s - self._last_release_s <= 4 * gap_s
         return recent and wait_s <= 2 * gap_s
