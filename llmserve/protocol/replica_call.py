@@ -23,6 +23,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from llmserve.protocol.route_note import RouteSlip
+
 # Paths a replica answers; the Router forwards nothing else to it.
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -53,6 +55,8 @@ class ReplicaRequest:
     track_tokens: bool = False
     resume: Resume | None = None  # continue this answer from where a dead replica left it
     adapter: str | None = None  # the LoRA adapter the request names: routed to its holders
+    # Where the request router notes why it chose the replica (llmserve/protocol/route_note.py).
+    route: RouteSlip = field(default_factory=RouteSlip, compare=False, repr=False)
 
 
 # Token ids on the hot path, as vLLM wrote them: decimal, comma-separated (b"12,345"), b"" for

@@ -5,8 +5,8 @@ router's own in-flight count), with prefix-aware routing how much of the request
 replica's KV cache holds (the engine's block set from its routing stats, the prompt's block
 hashes from the model's tokenizer), and for a request naming a LoRA adapter which replicas'
 engines hold it (their routing stats), and asks the pure policy in llmserve/policies/routing.py
-for a replica. Each decision is counted by reason and noted for the Router (route_notes.py):
-the trace span and the debug header say why.
+for a replica. Each decision is counted by reason and noted on the request for the Router
+(its RouteSlip, llmserve/protocol/route_note.py): the trace span and the debug header say why.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
 Both note each change of the running replica set for the Router's admission (replica_counts.py).
 Ray's base class does the rest: FIFO order, retries with backoff, dropping dead replicas.
@@ -34,8 +34,9 @@ from ray.serve.request_router import (
 from llmserve.policies.prefix_cache import PrefixIndex, block_keys
 from llmserve.policies.replica_ledger import InFlight, Sessions
 from llmserve.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
-from llmserve.protocol.replica_call import PackedBlocks, RoutingStats
-from llmserve.request_router import replica_counts, route_notes
+from llmserve.protocol.replica_call import PackedBlocks, ReplicaRequest, RoutingStats
+from llmserve.protocol.route_note import RouteNote
+from llmserve.request_router import replica_counts
 
 logger = logging.getLogger("ray.serve")
 MAX_MEMO = 1024
@@ -56,9 +57,33 @@ def replica_load(replica: RunningReplica, num_in_flight: int, now_s: float) -> R
     )
 
 
-def _avoided_replica(pending_request: PendingRequest | None) -> str | None:
+def _replica_request(pending_request: PendingRequest | None) -> ReplicaRequest | None:
     args = getattr(pending_request, "args", None) or ()
-    return getattr(args[0], "avoid_replica_id", None) if args else None
+    return args[0] if args and hasattr(args[0], "route") else None
+
+
+def _avoided_replica(pending_request: PendingRequest | None) -> str | None:
+    request = _replica_request(pending_request)
+    return request.avoid_replica_id if request is not None else None
+
+
+def route_note(
+    choice: Choice, block_tokens: int, adapter_holders: frozenset[str] | None = None
+) -> RouteNote:
+    cached = dict(choice.cached_blocks)
+    winner = choice.replica_id
+    others = [(r, s) for r, s in choice.candidates if r != winner]
+    runner_up, runner_up_load = others[0] if others else ("", 0.0)
+    return RouteNote(
+        choice.reason,
+        winner,
+        dict(choice.candidates).get(winner, 0.0),
+        cached.get(winner, 0) * block_tokens,
+        runner_up,
+        runner_up_load,
+        cached.get(runner_up, 0) * block_tokens,
+        None if adapter_holders is None else winner in adapter_holders,
+    )
 
 
 class _CountsReplicas(RequestRouter):
@@ -205,10 +230,9 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         pending_request: PendingRequest | None,
         holders: frozenset[str] | None,
     ) -> None:
-        request_id = _request_id(pending_request)
-        if request_id is not None:
-            note = route_notes.RouteNote.of(choice, self._block_tokens, holders)
-            route_notes.put(request_id, note)
+        request = _replica_request(pending_request)
+        if request is not None:
+            request.route.note = route_note(choice, self._block_tokens, holders)
 
     def _session_of(self, pending_request: PendingRequest | None) -> str:
         if not self._session_affinity or pending_request is None:
@@ -224,7 +248,8 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
     def on_request_routed(self, pending_request, replica_id: ReplicaID, result) -> None:
         # Counted here, not in choose_replicas: Ray may ask for a choice several times while
         # every replica is full, but routes each request once.
-        note = route_notes.peek(_request_id(pending_request) or "")
+        request = _replica_request(pending_request)
+        note = request.route.note if request is not None else None
         if note is not None:
             if self._decisions is None:
                 self._decisions = _decision_counter()
@@ -260,11 +285,6 @@ def _for_adapter(
         r.replica_id.unique_id for r, st in chosen if adapter in (st.adapters or ())
     )
     return [r for r, _ in chosen], holders
-
-
-def _request_id(pending_request: PendingRequest | None) -> str | None:
-    args = getattr(pending_request, "args", None) or ()
-    return getattr(args[0], "request_id", None) if args else None
 
 
 def _block_keys(tokens: Any, path: str, body: bytes, block_size: int, seed: str | None):

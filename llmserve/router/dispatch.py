@@ -31,7 +31,6 @@ from llmserve.protocol.replica_call import (
     TENANT_HEADER,
     ReplicaRequest,
 )
-from llmserve.request_router import route_notes
 from llmserve.router.admission_gate import Gate
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
@@ -202,7 +201,7 @@ class Dispatcher:
             span.set_attribute("llmserve.replica", head.replica_id)
             if admitted.adapter is not None:
                 span.set_attribute("llmserve.adapter", admitted.adapter)
-            route = route_notes.take(client.request_id)
+            route = request.route.note  # the request router's, on the same object
             if route is not None:
                 span.set_attributes(route.attributes())
         trail.first_s = time.monotonic()

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 from llmserve.policies.prefix_cache import block_keys
 from llmserve.protocol.replica_call import CHAT_PATH, CachedBlocks, ReplicaRequest, RoutingStats
-from llmserve.request_router import route_notes
 from llmserve.request_router.request_router import LLMAwareRequestRouter
 from tests.unit.router_helpers import FakeReplica, llm_router
 
@@ -45,6 +44,11 @@ def pending(text: str, n: int) -> SimpleNamespace:
     )
 
 
+def note_of(p: SimpleNamespace):
+    """What the request router noted on the request for the Router."""
+    return p.args[0].route.note
+
+
 def replica(uid: str, cached_text: str = "", version: int = 1, **load) -> FakeReplica:
     tokens = Tokens().token_ids(CHAT_PATH, json.loads(body(cached_text)))
     keys = frozenset(block_keys(tokens, BLOCK))
@@ -61,9 +65,10 @@ async def test_request_goes_where_its_prompt_is_cached_and_says_why():
     r = router()
     candidates = [replica("cold"), replica("warm", PROMPT), replica("colder")]
     for n in range(5):
-        ranks = await r.choose_replicas(candidates, pending(PROMPT + " tail", n))
+        p = pending(PROMPT + " tail", n)
+        ranks = await r.choose_replicas(candidates, p)
         assert ranks[0][0].uid == "warm"
-        note = route_notes.take(f"req-{n}")
+        note = note_of(p)
         assert (note.reason, note.replica, note.cached_tokens) == ("prefix", "warm", 12)
         assert note.runner_up in ("cold", "colder") and note.runner_up_cached_tokens == 0
 
@@ -89,16 +94,17 @@ async def test_a_request_for_an_adapter_gets_no_credit_for_the_base_models_block
     p.args = (ReplicaRequest("req-7", CHAT_PATH, body(PROMPT), adapter="sql-lora"),)
     ranks = await r.choose_replicas(candidates, p)
     assert ranks[0][0].uid == "cold" and Tokens.calls == 0
-    note = route_notes.take("req-7")
+    note = note_of(p)
     assert (note.reason, note.adapter_held, note.cached_tokens) == ("adapter", True, 0)
 
 
 async def test_loaded_holder_loses_its_credit():
     r = router(weights={"prefix_load_margin": 2.0})
     candidates = [replica("idle"), replica("warm", PROMPT, num_waiting=6)]
-    ranks = await r.choose_replicas(candidates, pending(PROMPT, 1))
+    p = pending(PROMPT, 1)
+    ranks = await r.choose_replicas(candidates, p)
     assert ranks[0][0].uid == "idle"
-    assert route_notes.take("req-1").reason == "load"
+    assert note_of(p).reason == "load"
 
 
 async def test_a_new_prefix_sticks_to_where_it_was_sent():
@@ -116,15 +122,17 @@ async def test_without_reports_or_prefix_config_it_routes_by_load():
     plain = router()
     plain._prefix = None
     cached = [replica("a"), replica("b", PROMPT)]
-    await plain.choose_replicas(cached, pending(PROMPT, 1))
-    assert route_notes.take("req-1").reason == "p2c"
+    p = pending(PROMPT, 1)
+    await plain.choose_replicas(cached, p)
+    assert note_of(p).reason == "p2c"
     no_reports = router()
     bare = [
         FakeReplica("a", RoutingStats(timestamp_s=time.time()).to_stats()),
         FakeReplica("b", None),
     ]
-    await no_reports.choose_replicas(bare, pending(PROMPT, 2))
-    assert route_notes.take("req-2").reason == "p2c"
+    p = pending(PROMPT, 2)
+    await no_reports.choose_replicas(bare, p)
+    assert note_of(p).reason == "p2c"
 
 
 async def test_replaced_replica_leaves_the_index(monkeypatch):

@@ -16,7 +16,6 @@ async def test_adapters_the_engine_holds_reach_the_request_router(monkeypatch):
     router sends a request naming one to the replica holding it, and notes that it held it."""
     from llmserve.protocol.replica_call import ReplicaRequest
     from llmserve.replica import llm_server
-    from llmserve.request_router import route_notes
     from tests.unit.router_helpers import FakeReplica, llm_router, request
 
     holder, other = server(ENGINE), server(ENGINE)
@@ -38,7 +37,7 @@ async def test_adapters_the_engine_holds_reach_the_request_router(monkeypatch):
         pending.args = (body,)
         ranks = await router.choose_replicas(replicas, pending)
         assert ranks[0][0].replica_id.unique_id == "holder"
-        note = route_notes.take(f"a{i}")
+        note = body.route.note
         assert (note.reason, note.adapter_held) == ("adapter", True)
 
     # An engine that does not answer keeps the last look (the watchdog judges the engine).
@@ -80,7 +79,6 @@ async def test_a_runtime_adapter_goes_only_to_replicas_that_registered_it():
     would answer 404: its requests go to those that did, however loaded; others as before."""
     from llmserve.protocol.replica_call import ReplicaRequest
     from llmserve.replica.runtime_adapters import RuntimeAdapterSet
-    from llmserve.request_router import route_notes
     from tests.unit.router_helpers import llm_router, replica, request
 
     names = RuntimeAdapterSet(None, None, "", None)
@@ -96,5 +94,4 @@ async def test_a_runtime_adapter_goes_only_to_replicas_that_registered_it():
         pending.args = (ReplicaRequest(f"r{i}", "/v1/completions", b"{}", adapter=adapter),)
         ranks = await router.choose_replicas([stale, registered], pending)
         went.append(ranks[0][0].replica_id.unique_id)
-        route_notes.take(f"r{i}")
     assert went == ["new"] * 5 + ["old"] * 5

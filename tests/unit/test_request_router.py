@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import random
 import time
-from types import SimpleNamespace
 
 import pytest
 
 import llmserve.request_router.request_router as rr
 from llmserve.policies.routing import ReplicaLoad, ScoreWeights, choose
-from llmserve.protocol.replica_call import RoutingStats
+from llmserve.protocol.replica_call import ReplicaRequest, RoutingStats
 from llmserve.request_router.request_router import LLMAwareRequestRouter, replica_load
 from tests.unit.router_helpers import (
     FakeReplica,
@@ -245,7 +244,7 @@ async def test_a_retry_skips_the_replica_that_refused_it_while_another_exists():
     # The refusing replica (its engine died) holds nothing, so it would win every comparison.
     idle_but_dying, busy = replica("dying"), replica("busy", 0.1, num_waiting=20)
     retry = request()
-    retry.args = [SimpleNamespace(avoid_replica_id="dying")]
+    retry.args = [ReplicaRequest("r", "/v1/completions", b"{}", avoid_replica_id="dying")]
     router = llm_router()
     for _ in range(20):
         assert ids(await router.choose_replicas([idle_but_dying, busy], retry)) == [["busy"]]
