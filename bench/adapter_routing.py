@@ -11,6 +11,10 @@ request, then a burst of `SPREAD_REQUESTS` for it, `SPREAD_CONCURRENCY` at once 
 `adapter_load_margin` above the other replica's load): seconds from the burst's start to the
 first token of its first reply from a replica other than the one that loaded it.
 
+Then Ray Serve LLM (bench/adapter_routing_ray.py) under the same requests: the same replicas,
+engine args and adapter files, served from a local S3 stand-in (moto's server); its loads come
+from Ray's metrics, and its replies do not name their replica (no spread, no TTFT by held).
+
     .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4] [--max-cpu-loras 4]
 
 Results: bench/results/adapter_routing.{json,md}, stamped with commit, date and machine.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import functools
 import json
 import os
 import random
@@ -31,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench import adapter_routing_ray as ray_llm
 from bench.client import Reply, send
 from bench.peers import machine, systems
 from bench.peers.__main__ import start
@@ -40,6 +46,7 @@ RESULTS = ROOT / "bench" / "results"
 CONFIG = ROOT / "serve_config.yaml"
 ADAPTERS = [f"bench-lora-{i}" for i in range(1, 9)]
 ROUTERS = {"adapter-aware": {"adapter_weight": 4.0}, "load-only": {"adapter_weight": 0.0}}
+SYSTEMS = [*ROUTERS, ray_llm.NAME]
 SPREAD_REQUESTS, SPREAD_CONCURRENCY = 36, 12
 
 
@@ -75,9 +82,15 @@ def zipf_draws(n: int, s: float, seed: int) -> list[str]:
     return rng.choices(ADAPTERS, weights=weights, k=n)
 
 
-async def run_load(base_url: str, draws: list[str], a) -> tuple[list[tuple[str, Reply]], float]:
+def same_name(adapter: str) -> str:
+    return adapter
+
+
+async def run_load(
+    base_url: str, draws: list[str], a, model_of=same_name
+) -> tuple[list[tuple[str, Reply]], float]:
     """Every drawn request, `a.concurrency` at once, streamed (TTFT) with usage; and the
-    seconds they took."""
+    seconds they took. `model_of`: the adapter's name as the system wants it in `model`."""
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     for item in enumerate(draws):
         queue.put_nowait(item)
@@ -89,7 +102,7 @@ async def run_load(base_url: str, draws: list[str], a) -> tuple[list[tuple[str, 
             while not queue.empty():
                 i, adapter = queue.get_nowait()
                 body = {
-                    "model": adapter,
+                    "model": model_of(adapter),
                     "prompt": f"Request {i}: write about the number {i}.",
                     "max_tokens": a.max_tokens,
                     "ignore_eos": True,
@@ -130,8 +143,16 @@ def _p(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
+def _ttft(replies: list[Reply]) -> dict[str, float | None]:
+    ttfts = [r.ttft_s for r in replies if r.ttft_s]
+    return {"p50": _p(ttfts, 0.5), "p99": _p(ttfts, 0.99)}
+
+
 def summarize(replies: list[tuple[str, Reply]], span_s: float) -> dict[str, Any]:
+    """The figures of one measured load. A system whose replies carry no `x-route` (Ray Serve
+    LLM) gets None for what only that header tells: loads, TTFT by held, replicas."""
     ok = [(adapter, r) for adapter, r in replies if r.status == 200 and r.done]
+    routed = any(r.route for _, r in ok)
     held = [r for _, r in ok if r.route and "adapter_held=True" in r.route]
     loaded = [r for _, r in ok if r.route and "adapter_held=False" in r.route]
     hottest = ADAPTERS[0]  # the Zipf draw's most popular
@@ -139,26 +160,51 @@ def summarize(replies: list[tuple[str, Reply]], span_s: float) -> dict[str, Any]
     return {
         "requests": len(replies),
         "failed": len(replies) - len(ok),
-        "loads_per_1000": round(1000 * len(loaded) / max(1, len(ok)), 1),
-        "ttft_held_s": {
-            "p50": _p([r.ttft_s for r in held if r.ttft_s], 0.5),
-            "p99": _p([r.ttft_s for r in held if r.ttft_s], 0.99),
-        },
-        "ttft_loaded_s": {
-            "p50": _p([r.ttft_s for r in loaded if r.ttft_s], 0.5),
-            "p99": _p([r.ttft_s for r in loaded if r.ttft_s], 0.99),
-        },
+        "loads_per_1000": round(1000 * len(loaded) / max(1, len(ok)), 1) if routed else None,
+        "ttft_s": _ttft([r for _, r in ok]),
+        "ttft_held_s": _ttft(held) if routed else None,
+        "ttft_loaded_s": _ttft(loaded) if routed else None,
         "tokens_per_s": round(tokens / span_s, 1),
         "hottest_adapter": hottest,
-        "hottest_by_replica": dict(
-            sorted(
-                {
-                    rep: sum(1 for a_, r in ok if a_ == hottest and r.replica == rep)
-                    for rep in {r.replica for _, r in ok}
-                }.items()
-            )
-        ),
+        "hottest_by_replica": _by_replica(ok, hottest) if routed else None,
     }
+
+
+def _by_replica(ok: list[tuple[str, Reply]], adapter: str) -> dict[str, int]:
+    replicas = {r.replica for _, r in ok}
+    counts = {rep: sum(1 for a_, r in ok if a_ == adapter and r.replica == rep) for rep in replicas}
+    return dict(sorted(counts.items()))
+
+
+def _pair(t: dict | None) -> str:
+    return f"{t['p50']} / {t['p99']}" if t else "n/a"
+
+
+def _na(v: Any) -> Any:
+    return "n/a" if v is None else v
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    if r.get("error"):
+        return f"| {name} | error: {r['error']} | | | | | | |"
+    hottest = r["hottest_by_replica"]
+    return (
+        f"| {name} | {_na(r['loads_per_1000'])} | {_pair(r.get('ttft_s'))} | "
+        f"{_pair(r['ttft_held_s'])} | {_pair(r['ttft_loaded_s'])} | {r['tokens_per_s']} | "
+        f"{r['failed']} | {r['hottest_adapter']}: {_na(hottest)} |"
+    )
+
+
+def _ratio_lines(routers: dict[str, Any]) -> list[str]:
+    aware, blind, ray = (routers.get(k, {}) for k in SYSTEMS)
+    lines = []
+    if aware.get("loads_per_1000") is not None and blind.get("loads_per_1000"):
+        ratio = aware["loads_per_1000"] / blind["loads_per_1000"]
+        lines.append(f"Loads, adapter-aware against load-only: x{ratio:.2f}.")
+    if aware.get("tokens_per_s") and ray.get("tokens_per_s"):
+        ratio = aware["tokens_per_s"] / ray["tokens_per_s"]
+        lines.append(f"tokens/s, adapter-aware against Ray Serve LLM: x{ratio:.2f}.")
+    return ["", *lines] if lines else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -172,22 +218,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"`max_loras` 2, `max_cpu_loras` {doc['workload'].get('max_cpu_loras', 2)}; "
         f"{doc['workload']['requests']} streamed completions "
         f"of {doc['workload']['max_tokens']} tokens, {doc['workload']['concurrency']} at once, "
-        f"adapters drawn Zipf(s={doc['workload']['zipf_s']}).",
+        f"adapters drawn Zipf(s={doc['workload']['zipf_s']}); each system the same requests.",
         "",
-        "| router | loads / 1,000 requests | TTFT p50 / p99, adapter held (s) | TTFT p50 / p99, "
-        "loaded first (s) | tokens/s | failed | hottest adapter by replica |",
-        "|---|---|---|---|---|---|---|",
+        "| router | loads / 1,000 requests | TTFT p50 / p99, all (s) | TTFT p50 / p99, adapter "
+        "held (s) | TTFT p50 / p99, loaded first (s) | tokens/s | failed | hottest adapter by "
+        "replica |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in doc["routers"].items():
-        if r.get("error"):
-            lines.append(f"| {name} | error: {r['error']} | | | | | |")
-            continue
-        h, lo = r["ttft_held_s"], r["ttft_loaded_s"]
-        lines.append(
-            f"| {name} | {r['loads_per_1000']} | {h['p50']} / {h['p99']} | {lo['p50']} / "
-            f"{lo['p99']} | {r['tokens_per_s']} | {r['failed']} | "
-            f"{r['hottest_adapter']}: {r['hottest_by_replica']} |"
-        )
+    lines += [_row(name, r) for name, r in doc["routers"].items()]
     spreads = {k: r["spread"] for k, r in doc["routers"].items() if r.get("spread")}
     if spreads:
         lines += [
@@ -204,17 +242,75 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{v['failed']} |"
             for k, v in spreads.items()
         ]
-    aware, blind = (doc["routers"].get(k, {}) for k in ROUTERS)
-    if "loads_per_1000" in aware and blind.get("loads_per_1000"):
-        ratio = aware["loads_per_1000"] / blind["loads_per_1000"]
-        lines += ["", f"Loads, adapter-aware against load-only: x{ratio:.2f}."]
+    lines += _ratio_lines(doc["routers"])
     lines += [
         "",
         "A load is a request sent to an engine whose replica had not reported the adapter held "
         "(its report is at most ~1.5 s old); the engine loads it from disk first, evicting the "
         "least recently used.",
     ]
+    if ray_llm.NAME in doc["routers"]:
+        lines += [
+            "",
+            f"{ray_llm.NAME}: Ray Serve LLM {doc.get('ray_version', '')}, its default routing "
+            "(power of two choices, preferring replicas that hold the adapter), adapters "
+            "downloaded from a local S3 stand-in (moto); `max_num_adapters_per_replica` = "
+            "`max_cpu_loras`. Its loads are Ray's `serve_multiplexed_models_load_counter` (a "
+            "replica adding the adapter to its multiplexed set); its replies do not name their "
+            "replica, hence n/a.",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def measure(system: systems.System, a, draws, warm, model_of=same_name) -> dict[str, Any]:
+    """Starts `system`, warms it, measures `draws`; the spread only where replies name their
+    replica. The caller stops it."""
+    entry: dict[str, Any] = {}
+    entry["ready_s"], _ = start(system, 900)
+    asyncio.run(run_load(system.base_url, warm, a, model_of))
+    loads_before = system.loads() if hasattr(system, "loads") else None
+    entry.update(summarize(*asyncio.run(run_load(system.base_url, draws, a, model_of))))
+    if loads_before is not None:
+        loads = system.loads() - loads_before
+        entry["loads"] = loads
+        entry["loads_per_1000"] = round(
+            1000 * loads / max(1, entry["requests"] - entry["failed"]), 1
+        )
+    if entry["hottest_by_replica"] is not None:
+        entry["spread"] = asyncio.run(spread(system.base_url, a))
+    return entry
+
+
+def run_system(name: str, port: int, model, a, work_dir: Path, draws, warm) -> dict[str, Any]:
+    """One system's entry: its figures, or the error that stopped it."""
+    entry: dict[str, Any] = {"weights": ROUTERS.get(name)}
+    try:
+        if name == ray_llm.NAME:
+            entry.update(_run_ray(port, model, a, work_dir, draws, warm))
+        else:
+            system = AdapterPlatform(ROUTERS[name], a.max_cpu_loras, model, port, work_dir, CONFIG)
+            print(f"== {name} (log {system.log_path})", flush=True)
+            try:
+                entry.update(measure(system, a, draws, warm))
+            finally:
+                system.stop()
+        print(f"  {entry}", flush=True)
+    except Exception as e:  # noqa: BLE001 - a failed system must still be stopped and reported
+        entry["error"] = f"{type(e).__name__}: {e}"
+        print(f"  FAILED: {entry['error']}", flush=True)
+    return entry
+
+
+def _run_ray(port: int, model, a, work_dir: Path, draws, warm) -> dict[str, Any]:
+    """Ray Serve LLM over the platform's own settings (replicas, LoRA, adapter files)."""
+    platform = AdapterPlatform({}, a.max_cpu_loras, model, port, work_dir, CONFIG)
+    setup = ray_llm.Setup(model, platform.spec()["app_args"], port, work_dir, CONFIG)
+    with ray_llm.started_store(setup) as system:
+        print(f"== {ray_llm.NAME} (log {system.log_path})", flush=True)
+        try:
+            return measure(system, a, draws, warm, functools.partial(ray_llm.model_id, model.name))
+        finally:
+            system.stop()
 
 
 def main() -> None:
@@ -225,7 +321,7 @@ def main() -> None:
     p.add_argument("--zipf-s", type=float, default=1.1)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-cpu-loras", type=int, default=4, help="adapters each engine holds")
-    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--routers", default=",".join(SYSTEMS), help="systems, in order")
     p.add_argument("--port", type=int, default=18720)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
@@ -238,11 +334,24 @@ def main() -> None:
     work_dir = Path("/tmp/llmserve-adapter-routing") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     draws = zipf_draws(a.requests, a.zipf_s, seed=0)
     warm = zipf_draws(len(ADAPTERS) * 2, 0.0, seed=1)  # every adapter, first-request costs
-    doc: dict[str, Any] = {
+    doc = header(model, a)
+    for i, name in enumerate(a.routers.split(",")):
+        doc["routers"][name] = run_system(name, a.port + 10 * i, model, a, work_dir, draws, warm)
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    (a.out_dir / "adapter_routing.json").write_text(json.dumps(doc, indent=1))
+    (a.out_dir / "adapter_routing.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+def header(model, a) -> dict[str, Any]:
+    import ray
+
+    return {
         "commit": machine._git("rev-parse", "--short", "HEAD"),
         "date": dt.date.today().isoformat(),
         "machine": f"{machine.cpu_model()}, {os.cpu_count()} logical CPUs",
         "model": model.name,
+        "ray_version": ray.__version__,
         "workload": {
             "requests": a.requests,
             "concurrency": a.concurrency,
@@ -252,28 +361,6 @@ def main() -> None:
         },
         "routers": {},
     }
-    for i, name in enumerate(a.routers.split(",")):
-        system = AdapterPlatform(
-            ROUTERS[name], a.max_cpu_loras, model, a.port + 10 * i, work_dir, CONFIG
-        )
-        print(f"== {name} (log {system.log_path})", flush=True)
-        entry: dict[str, Any] = {"weights": ROUTERS[name]}
-        try:
-            entry["ready_s"], _ = start(system, 900)
-            asyncio.run(run_load(system.base_url, warm, a))
-            entry.update(summarize(*asyncio.run(run_load(system.base_url, draws, a))))
-            entry["spread"] = asyncio.run(spread(system.base_url, a))
-            print(f"  {entry}", flush=True)
-        except Exception as e:  # noqa: BLE001 - a failed router must still be stopped and reported
-            entry["error"] = f"{type(e).__name__}: {e}"
-            print(f"  FAILED: {entry['error']}", flush=True)
-        finally:
-            system.stop()
-        doc["routers"][name] = entry
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "adapter_routing.json").write_text(json.dumps(doc, indent=1))
-    (a.out_dir / "adapter_routing.md").write_text(markdown(doc))
-    print(markdown(doc))
 
 
 if __name__ == "__main__":

@@ -34,20 +34,25 @@ def platform_app(spec: dict[str, Any]):
 
 
 def ray_serve_llm_app(spec: dict[str, Any]):
-    """Ray Serve LLM's own OpenAI app over the same model and engine args."""
+    """Ray Serve LLM's own OpenAI app over the same model and engine args. Optional in `spec`:
+    `num_replicas` (1), `lora_config` (LLMConfig's: adapters multiplexed from a cloud URI) and
+    `env` for the engine replicas (bench/adapter_routing_ray.py: its S3 stand-in's endpoint)."""
     from ray.serve.llm import LLMConfig, build_openai_app
 
     one_replica = {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
-    env = {}
+    n = spec.get("num_replicas", 1)
+    replicas = {"autoscaling_config": {"min_replicas": n, "max_replicas": n}}
+    env = dict(spec.get("env", {}))
     if spec.get("kv_cache_space_gib"):
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec["kv_cache_space_gib"])
     config = LLMConfig(
         model_loading_config={"model_id": spec["model_name"], "model_source": spec["model_path"]},
         engine_kwargs=spec["engine_args"],
-        deployment_config=one_replica,
+        deployment_config=replicas,
         # Without this the engine's placement group asks for a GPU and the replica never starts.
         placement_group_config={"bundles": [{"CPU": 1}]},
         runtime_env={"env_vars": env},
+        lora_config=spec.get("lora_config"),
     )
     # One ingress replica, as this platform has one Router replica (Ray Serve LLM's default
     # would autoscale its ingress).
@@ -71,6 +76,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--spec", type=Path, required=True, help="JSON written by systems.py")
     p.add_argument("--ray-temp-dir", required=True)
+    p.add_argument("--metrics-export-port", type=int, help="Ray's Prometheus export, if wanted")
     args = p.parse_args()
     spec = json.loads(args.spec.read_text())
 
@@ -86,6 +92,7 @@ def main() -> None:
             confine_platform=args.system == "llmserve",  # as `make serve` starts it
             new_instance=True,
             temp_dir=args.ray_temp_dir,
+            metrics_export_port=args.metrics_export_port,
             # ray.init installs a SIGTERM handler that logs and kills the process on the spot,
             # which would skip serve.shutdown(); ours again.
             interrupt=_interrupt,
