@@ -22,10 +22,8 @@ Router wraps it with asyncio futures and tests drive it with plain floats.
   slot of the lowest-class such entry below its own, the longest running; that entry waits
   in the queue again, as a new arrival of its class (`Admit.preempted`).
 
-Order: lower priority number first (interactive=0, standard=1, batch=2 by default), then
-arrival; with ageing, an entry's effective priority drops by one every `ageing_s` seconds it
-waits, so batch work passes newer interactive work after long enough and is never starved.
-Unpromised work never passes a promised entry that waits.
+Order: priority_queue.py (class, then arrival, with ageing). Unpromised work never passes a
+promised entry that waits.
 
 Reserved slots: the capped class (base priority >= `capped_priority`, batch by default)
 holds at most `batch_max_share` of the engines' slots, not of the capacity, which is larger
@@ -37,24 +35,14 @@ every queued entry that could start has started. How long one would wait: wait_e
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from llmserve.policies import wait_estimate
 from llmserve.policies.admission_decisions import Admit, Decision, Queue, Reject
+from llmserve.policies.priority_queue import PriorityQueue, QueueEntry
 
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
-
-
-@dataclass(frozen=True)
-class _Entry:
-    entry_id: str
-    priority: int
-    arrival_s: float
-    seq: int  # arrival order, so ties never depend on clock resolution
 
 
 class AdmissionPolicy:
@@ -82,8 +70,6 @@ class AdmissionPolicy:
         for name, bound in [("max_queue_wait_s", max_queue_wait_s), *by_level.items()]:
             if not (bound > 0 and math.isfinite(bound)):
                 raise ValueError(f"queue wait bound {name} must be > 0 and finite, got {bound}")
-        if ageing_s < 0:
-            raise ValueError(f"ageing_s must be >= 0 (0 = off), got {ageing_s}")
         if min_retry_after_s < 0:
             raise ValueError(f"min_retry_after_s must be >= 0, got {min_retry_after_s}")
         if not 0 < batch_max_share <= 1:
@@ -92,7 +78,6 @@ class AdmissionPolicy:
         self._max_queue_len = max_queue_len
         self._max_queue_wait_s = max_queue_wait_s
         self._max_queue_wait_s_by_level = by_level
-        self._ageing_s = ageing_s
         self._displace_lower_priority = displace_lower_priority
         self._min_retry_after_s = min_retry_after_s
         self._capped_priority = capped_priority
@@ -103,12 +88,7 @@ class AdmissionPolicy:
         self._in_flight_capped: set[str] = set()
         self._in_flight_promised: set[str] = set()
         self._preemptible: dict[str, int] = {}  # in-flight entry id -> its base priority
-        self._queued: dict[str, _Entry] = {}
-        # One FIFO per base priority. Ageing depends only on the wait, so within one base
-        # priority the oldest entry is always the most urgent: the next to start is the
-        # best of the heads, the one to displace the worst of the tails.
-        self._levels: dict[int, OrderedDict[str, _Entry]] = {}
-        self._seq = itertools.count()
+        self._queue = PriorityQueue(ageing_s)
         self._mean_service_s: float | None = None
         self._last_release_s: float | None = None
 
@@ -133,45 +113,46 @@ class AdmissionPolicy:
         whole capacity."""
         if self._batch_max_share >= 1:
             return self._capacity
-        slots = self._capacity
-        if self._engine_slots is not None:
-            slots = min(slots, self._engine_slots)
-        return max(1, math.floor(slots * self._batch_max_share))
+        return max(1, math.floor(self._slots * self._batch_max_share))
+
+    @property
+    def _slots(self) -> int:
+        """The engines' slots (the capacity where that is smaller or theirs is unknown)."""
+        if self._engine_slots is None:
+            return self._capacity
+        return min(self._capacity, self._engine_slots)
 
     @property
     def num_queued(self) -> int:
-        return len(self._queued)
+        return len(self._queue)
 
     def num_queued_by_level(self) -> dict[int, int]:
-        return {level: len(fifo) for level, fifo in sorted(self._levels.items())}
+        return self._queue.num_by_level()
 
     def is_queued(self, entry_id: str) -> bool:
-        return entry_id in self._queued
+        return entry_id in self._queue
 
     def is_in_flight(self, entry_id: str) -> bool:
         return entry_id in self._in_flight
 
     def queued_in_order(self, now_s: float) -> list[str]:
         """Queued entry ids in the order they would start at `now_s`."""
-        entries = sorted(self._queued.values(), key=lambda e: self._key(e, now_s))
-        return [e.entry_id for e in entries]
+        return [e.entry_id for e in self._queue.in_order(now_s)]
 
     def max_wait_s(self, priority: int) -> float:
         """How long an entry of this base priority may wait in the queue."""
         return self._max_queue_wait_s_by_level.get(priority, self._max_queue_wait_s)
 
     def effective_priority(self, priority: int, waited_s: float) -> int:
-        if self._ageing_s <= 0:
-            return priority
-        return priority - math.floor(max(0.0, waited_s) / self._ageing_s)
+        return self._queue.effective_priority(priority, waited_s)
 
     # -- decisions -------------------------------------------------------------------
 
     def offer(self, entry_id: str, priority: int, now_s: float) -> Decision:
         """Decide a new request. Call `poll(now_s)` first so expired entries do not count."""
-        if entry_id in self._queued or entry_id in self._in_flight:
+        if entry_id in self._queue or entry_id in self._in_flight:
             raise ValueError(f"entry {entry_id!r} was already offered")
-        entry = _Entry(entry_id, priority, now_s, next(self._seq))
+        entry = self._queue.entry(entry_id, priority, now_s)
         objective_s = self._ttft_objective_s_by_level.get(priority)
         if objective_s is not None:
             first_s = self._expected_engine_wait_s(entry, now_s)
@@ -195,17 +176,14 @@ class AdmissionPolicy:
         if wait_s is not None and wait_s > margin * self.max_wait_s(priority):
             # It would time out in the queue anyway: say so now, not after its bound.
             return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
-        if len(self._queued) < self._max_queue_len:
-            self._push(entry)
+        if len(self._queue) < self._max_queue_len:
+            self._queue.push(entry)
             return Queue(entry_id)
-        if self._displace_lower_priority and self._queued:
-            worst = max(
-                (fifo[next(reversed(fifo))] for fifo in self._levels.values()),
-                key=lambda e: self._key(e, now_s),
-            )
-            if self._key(entry, now_s) < self._key(worst, now_s):
-                self._remove(worst)
-                self._push(entry)
+        worst = self._queue.worst(now_s) if self._displace_lower_priority else None
+        if worst is not None:
+            if self._queue.key(entry, now_s) < self._queue.key(worst, now_s):
+                self._queue.remove(worst)
+                self._queue.push(entry)
                 retry_s = self._retry_after_s(worst.priority)
                 return Queue(entry_id, Reject(worst.entry_id, "queue_full", retry_s))
         return Reject(entry_id, "queue_full", self._retry_after_s(priority))
@@ -218,9 +196,7 @@ class AdmissionPolicy:
         """
         admitted_s = self._in_flight.pop(entry_id)
         self._last_release_s = now_s
-        self._in_flight_capped.discard(entry_id)
-        self._in_flight_promised.discard(entry_id)
-        self._preemptible.pop(entry_id, None)
+        self._forget(entry_id)
         service_s = max(0.0, now_s - admitted_s)
         self._mean_service_s = wait_estimate.mean_service_s(self._mean_service_s, service_s)
         return self._start_queued(now_s)
@@ -254,44 +230,20 @@ class AdmissionPolicy:
     def cancel(self, entry_id: str) -> bool:
         """Drop a queued entry (its client left). False if it is not queued; an entry that
         already started must be `release`d instead."""
-        entry = self._queued.get(entry_id)
+        entry = self._queue.get(entry_id)
         if entry is None:
             return False
-        self._remove(entry)
+        self._queue.remove(entry)
         return True
 
     def poll(self, now_s: float) -> list[Reject]:
         """Expire entries that have waited longer than their class's bound, oldest first."""
-        expired: list[_Entry] = []
-        for priority, fifo in list(self._levels.items()):
-            bound_s = self.max_wait_s(priority)
-            # Each FIFO is in arrival order with one bound, so its expired entries are a prefix.
-            while fifo:
-                head = fifo[next(iter(fifo))]
-                if now_s - head.arrival_s <= bound_s:
-                    break
-                self._remove(head)
-                expired.append(head)
-        expired.sort(key=lambda e: e.seq)
+        expired = self._queue.expire(now_s, self.max_wait_s)
         return [
             Reject(e.entry_id, "queue_timeout", self._retry_after_s(e.priority)) for e in expired
         ]
 
     # -- internals -------------------------------------------------------------------
-
-    def _key(self, entry: _Entry, now_s: float) -> tuple[int, int]:
-        return self.effective_priority(entry.priority, now_s - entry.arrival_s), entry.seq
-
-    def _push(self, entry: _Entry) -> None:
-        self._queued[entry.entry_id] = entry
-        self._levels.setdefault(entry.priority, OrderedDict())[entry.entry_id] = entry
-
-    def _remove(self, entry: _Entry) -> None:
-        del self._queued[entry.entry_id]
-        fifo = self._levels[entry.priority]
-        del fifo[entry.entry_id]
-        if not fifo:
-            del self._levels[entry.priority]
 
     def _is_capped(self, priority: int) -> bool:
         return self._capped_priority is not None and priority >= self._capped_priority
@@ -305,7 +257,7 @@ class AdmissionPolicy:
         if self._is_capped(priority) and len(self._in_flight_capped) >= self.capped_limit:
             return False
         if not self._is_promised(priority):  # and passes no promised entry waiting for a slot
-            return not any(self._is_promised(level) for level in self._levels)
+            return not any(self._is_promised(level) for level in self._queue.levels())
         # Promised work goes to the engine only while the promised in flight leave it a slot:
         # behind them (ahead of unpromised work: the engine's priority order) it would wait
         # for a running answer to end, seconds that no estimate here sees.
@@ -325,51 +277,47 @@ class AdmissionPolicy:
         return max(below)[2] if below else None
 
     def _preempt(self, entry_id: str, now_s: float) -> None:
-        priority = self._preemptible.pop(entry_id)
+        priority = self._preemptible[entry_id]
         del self._in_flight[entry_id]
+        self._forget(entry_id)
+        self._queue.push(self._queue.entry(entry_id, priority, now_s))
+
+    def _forget(self, entry_id: str) -> None:
+        """What an in-flight entry held besides its slot, once it released it."""
         self._in_flight_capped.discard(entry_id)
         self._in_flight_promised.discard(entry_id)
-        self._push(_Entry(entry_id, priority, now_s, next(self._seq)))
+        self._preemptible.pop(entry_id, None)
 
     def _start_queued(self, now_s: float) -> list[str]:
         started: list[str] = []
-        while self._queued and len(self._in_flight) < self._capacity:
-            heads = sorted(
-                (fifo[next(iter(fifo))] for fifo in self._levels.values()),
-                key=lambda e: self._key(e, now_s),
-            )
+        while self._queue and len(self._in_flight) < self._capacity:
+            heads = self._queue.heads(now_s)
             best = next((e for e in heads if self._may_start(e.priority)), None)
             if best is None:  # capped entries over their share, promised ones without a slot
                 break
-            self._remove(best)
+            self._queue.remove(best)
             self._admit(best.entry_id, best.priority, now_s)
             started.append(best.entry_id)
         return started
 
-    def _expected_wait_s(self, entry: _Entry, now_s: float) -> float | None:
+    def _expected_wait_s(self, entry: QueueEntry, now_s: float) -> float | None:
         """Seconds until `entry` would start (a capped entry: behind those of its class, on its
         share of the slots)."""
         if self._capacity == 0:
             return None
-        key, capped = self._key(entry, now_s), self._is_capped(entry.priority)
-        ahead = sum(
-            1
-            for e in self._queued.values()
-            if self._key(e, now_s) < key and (not capped or self._is_capped(e.priority))
-        )
+        capped = self._is_capped(entry.priority)
+        ahead = self._queue.num_ahead(entry, now_s, self._is_capped if capped else None)
         slots = self.capped_limit if capped else self._capacity
         if self._engine_slots and self._is_promised(entry.priority):
             slots = min(slots, self._engine_slots)
         return wait_estimate.queue_wait_s(ahead, self._mean_service_s, slots)
 
-    def _expected_engine_wait_s(self, entry: _Entry, now_s: float) -> float | None:
+    def _expected_engine_wait_s(self, entry: QueueEntry, now_s: float) -> float | None:
         """Seconds until `entry` would have an engine slot (a class with a first-token promise);
         None where the engines' slots are unknown: the queue's own bound then applies alone."""
         if not self._engine_slots:
             return None
-        key = self._key(entry, now_s)
-        ahead = sum(1 for e in self._queued.values() if self._key(e, now_s) < key)
-        slots = min(self._capacity, self._engine_slots)
+        ahead, slots = self._queue.num_ahead(entry, now_s), self._slots
         # Unpromised work in the engines' line waits behind it there: it does not count.
         in_engine = max(min(len(self._in_flight), slots), len(self._in_flight_promised))
         # The slots' holders: the oldest in flight (the engines start their line in order).
@@ -387,7 +335,7 @@ class AdmissionPolicy:
 
     def _retry_after_s(self, priority: int) -> float:
         return wait_estimate.retry_after_s(
-            len(self._queued),
+            len(self._queue),
             self._mean_service_s,
             self._capacity,
             self._min_retry_after_s,
