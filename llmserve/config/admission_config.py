@@ -136,6 +136,16 @@ class AdmissionConfig(Strict):
         "the other classes, so their requests start at once under a batch flood. 1 = no "
         "reservation (batch may also fill the engines' waiting line).",
     )
+    batch_prefill_share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Of a model's engine slots, at most this share (at least one) may hold batch "
+        "requests still in their prefill (no first token yet): an engine runs the prefills it "
+        "admitted before any waiting request, so a wave of batch prefills would delay every "
+        "first token behind it. A non-streamed request counts for the mean prefill measured on "
+        "streams. 1 = no bound.",
+    )
     shield_factor: float = Field(
         default=2.0,
         ge=0,

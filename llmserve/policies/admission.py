@@ -29,8 +29,11 @@ Reserved slots: the capped class (base priority >= `capped_priority`, batch by d
 holds at most `batch_max_share` of the engines' slots, not of the capacity, which is larger
 on purpose (unpromised work in the engines' waiting line refills a finished sequence's slot
 at the next step). vLLM's priority scheduling never stops a running sequence: without the
-cap an interactive request would wait for a batch one to finish. Invariant after every call:
-every queued entry that could start has started. How long one would wait: wait_estimate.py.
+cap an interactive request would wait for a batch one to finish. Of those, at most
+`batch_prefill_share` of the slots may be in their prefill at once (prefill_window.py):
+`prefills.first_token` ends one's prefill, `start_due` (a few times a second) starts what
+time let in. Invariant after every call: every queued entry that could start has started.
+How long one would wait: wait_estimate.py.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from collections.abc import Mapping
 
 from llmserve.policies import wait_estimate
 from llmserve.policies.admission_decisions import Admit, Decision, Queue, Reject
+from llmserve.policies.prefill_window import PrefillWindow
 from llmserve.policies.priority_queue import PriorityQueue, QueueEntry
 
 DEFAULT_PRIORITY_LEVELS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
@@ -60,6 +64,7 @@ class AdmissionPolicy:
         min_retry_after_s: float = 1.0,
         capped_priority: int | None = None,
         batch_max_share: float = 1.0,
+        batch_prefill_share: float = 1.0,
         engine_slots: int | None = None,
         ttft_objective_s_by_level: Mapping[int, float] | None = None,
     ) -> None:
@@ -82,6 +87,7 @@ class AdmissionPolicy:
         self._min_retry_after_s = min_retry_after_s
         self._capped_priority = capped_priority
         self._batch_max_share = batch_max_share
+        self._prefills = PrefillWindow(batch_prefill_share)
         self._engine_slots = self._check_engine_slots(engine_slots)
         self._ttft_objective_s_by_level = dict(ttft_objective_s_by_level or {})
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
@@ -157,7 +163,7 @@ class AdmissionPolicy:
         if objective_s is not None:
             first_s = self._expected_engine_wait_s(entry, now_s)
             late = first_s is not None and first_s > objective_s
-            if late or not self._may_start(priority):
+            if late or not self._may_start(priority, now_s):
                 victim = self._victim(priority)
                 if victim is not None:
                     self._preempt(victim, now_s)
@@ -168,7 +174,7 @@ class AdmissionPolicy:
                     # refused now, not admitted to miss it nor queued to time out.
                     return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         # By the invariant, a free slot means that only capped entries over their cap wait.
-        if self._may_start(priority):
+        if self._may_start(priority, now_s):
             self._admit(entry_id, priority, now_s)
             return Admit(entry_id)
         wait_s = self._expected_wait_s(entry, now_s)
@@ -199,6 +205,15 @@ class AdmissionPolicy:
         self._forget(entry_id)
         service_s = max(0.0, now_s - admitted_s)
         self._mean_service_s = wait_estimate.mean_service_s(self._mean_service_s, service_s)
+        return self._start_queued(now_s)
+
+    @property
+    def prefills(self) -> PrefillWindow:
+        """The capped class's entries in their prefill: tell it of first tokens."""
+        return self._prefills
+
+    def start_due(self, now_s: float) -> list[str]:
+        """The queued ids that start now: after a first token, or a prefill's estimated end."""
         return self._start_queued(now_s)
 
     def set_capacity(
@@ -251,10 +266,13 @@ class AdmissionPolicy:
     def _is_promised(self, priority: int) -> bool:
         return priority in self._ttft_objective_s_by_level
 
-    def _may_start(self, priority: int) -> bool:
+    def _may_start(self, priority: int, now_s: float) -> bool:
         if len(self._in_flight) >= self._capacity:
             return False
-        if self._is_capped(priority) and len(self._in_flight_capped) >= self.capped_limit:
+        if self._is_capped(priority) and (
+            len(self._in_flight_capped) >= self.capped_limit
+            or self._prefills.is_full(self._slots, now_s)
+        ):
             return False
         if not self._is_promised(priority):  # and passes no promised entry waiting for a slot
             return not any(self._is_promised(level) for level in self._queue.levels())
@@ -267,6 +285,7 @@ class AdmissionPolicy:
         self._in_flight[entry_id] = now_s
         if self._is_capped(priority):
             self._in_flight_capped.add(entry_id)
+            self._prefills.started(entry_id, now_s)
         if self._is_promised(priority):
             self._in_flight_promised.add(entry_id)
 
@@ -287,12 +306,13 @@ class AdmissionPolicy:
         self._in_flight_capped.discard(entry_id)
         self._in_flight_promised.discard(entry_id)
         self._preemptible.pop(entry_id, None)
+        self._prefills.drop(entry_id)
 
     def _start_queued(self, now_s: float) -> list[str]:
         started: list[str] = []
         while self._queue and len(self._in_flight) < self._capacity:
             heads = self._queue.heads(now_s)
-            best = next((e for e in heads if self._may_start(e.priority)), None)
+            best = next((e for e in heads if self._may_start(e.priority, now_s)), None)
             if best is None:  # capped entries over their share, promised ones without a slot
                 break
             self._queue.remove(best)

@@ -76,6 +76,7 @@ class Gate:
                 ageing_s=adm.ageing_s,
                 capped_priority=max(adm.priority_levels.values()),
                 batch_max_share=adm.batch_max_share,
+                batch_prefill_share=adm.batch_prefill_share,
                 engine_slots=self._engine_slots(m, _initial_replicas(m)),
                 ttft_objective_s_by_level=self._objective_s,
             )
@@ -159,6 +160,8 @@ class Gate:
                     num_in_flight=self._queues[model].num_in_flight,
                     promised=objective_s is not None,
                 )
+            if not streamed:  # its first token is not seen: its prefill counts for a mean one
+                self._queues[model].prefills.unseen_first_token(ticket.entry_id, now)
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         return ticket
 
@@ -283,6 +286,8 @@ class Gate:
         assert ticket.readmitted is not None
         try:
             await asyncio.wait_for(ticket.readmitted, max(0.0, ticket.deadline_s - self.clock()))
+            # Its resumed stream's first token goes unseen here: a prefill of the mean length.
+            self._queues[ticket.model].prefills.unseen_first_token(ticket.entry_id, self.clock())
         except asyncio.TimeoutError:
             self.num_rejected[(ticket.model, "deadline")] += 1
             message = "the request's deadline passed while it was preempted"
@@ -309,6 +314,9 @@ class Gate:
     def first_token(self, ticket: Ticket, at_s: float) -> None:
         """`ticket`'s first token was in hand at `at_s` (the gate's clock): its class's promise
         kept or missed moves the model's in-flight limit."""
+        queue = self._queues[ticket.model]
+        queue.prefills.first_token(ticket.entry_id, at_s)
+        self._start(queue.start_due(at_s))
         limit = self._limits.get(ticket.model)
         if limit is not None:
             limit.first_token(ticket.entry_id, at_s)
@@ -351,6 +359,7 @@ class Gate:
         for model, queue in self._queues.items():
             for r in queue.poll(now):
                 self._fail_waiter(model, r)
+            self._start(queue.start_due(now))
             if model in self._limits and self._limits[model].overdue(now):
                 self._follow_limit(model)
 
