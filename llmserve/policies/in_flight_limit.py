@@ -54,6 +54,11 @@ MEAN_WEIGHT = 0.2
 # first tokens at once, and a per-sample mean would read the dozen zero gaps that end each step
 # as a fast engine.
 GAP_WINDOW_S = 5.0
+# Fewer gaps than this in the window (about three, as the window decays them) are no rate: at a
+# light load a line of two forms now and then, and one slow prefill in it (an engine's first, a
+# long prompt beside a short one) would read as seconds per first token and refuse the next
+# short request while nothing waits.
+MIN_GAPS = 2.5
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,9 @@ class InFlightLimit:
     @property
     def gap_s(self) -> float | None:
         """Mean seconds between first tokens while a line waited, over the last seconds."""
-        return self._busy_s / self._num_firsts if self._num_firsts else None
+        if self._num_firsts < MIN_GAPS:
+            return None
+        return self._busy_s / self._num_firsts
 
     def expected_first_s(
         self, priority: int, queued_by_level: dict[int, int] | None = None

@@ -138,21 +138,23 @@ async def test_a_batch_flood_s_fast_first_tokens_grow_the_cap_past_the_engine_sl
 
 async def test_a_line_to_the_first_token_longer_than_the_promise_is_refused_at_once():
     gate, tenants, clock = gate_with_promise()
-    tickets = [await admit(gate, tenants["std"]) for _ in range(6)]
-    clock.now_s += 0.3
+    tickets = [await admit(gate, tenants["std"]) for _ in range(7)]
+    clock.now_s += 0.1
     gate.first_token(tickets[0], clock())
-    clock.now_s += 0.5  # one first token every 0.5 s while a line waits
-    gate.first_token(tickets[1], clock())
-    # Four still wait for theirs: a newcomer's would come after 5 x 0.5 s > 2 s.
+    for t in tickets[1:4]:  # one first token every 0.55 s while a line waits
+        clock.now_s += 0.55
+        gate.first_token(t, clock())
+    # Three still wait for theirs: a newcomer's would come after 4 x 0.55 s > 2 s.
     with pytest.raises(OpenAIError) as e:
         await admit(gate, tenants["std"])
     assert e.value.status == 503 and e.value.code == "queue_wait"
-    assert e.value.headers["Retry-After"] == "1"  # 2.5 s - 2 s, at least a second
+    assert e.value.headers["Retry-After"] == "1"  # 2.2 s - 2 s, at least a second
     assert gate.num_rejected[(MODEL, "queue_wait")] == 1
     # Batch has no promise to break: it is admitted as before.
     batch = await admit(gate, tenants["batch"])
-    gate.first_token(tickets[2], clock.now_s + 0.1)  # three wait now: 4 x 0.4 s fits
+    gate.first_token(tickets[4], clock.now_s + 0.1)  # two wait now: 3 x ~0.47 s fits
     clock.now_s += 0.1
+    gate.finish(tickets[0], 10)  # a slot of the 8 (the batch request took the last)
     late = await admit(gate, tenants["std"])
     for t in [*tickets, batch, late]:
         gate.finish(t, 10)

@@ -158,21 +158,38 @@ def test_bad_settings_are_refused(kwargs):
 def test_the_line_to_a_first_token_is_measured_in_gaps_while_a_line_waited():
     lim = limit()
     assert lim.expected_first_s(1) is None  # nothing seen yet
-    for i in range(4):
+    for i in range(6):
         lim.started(f"r{i}", 1, 0.0, OBJECTIVE_S, 0.0)
     assert lim.expected_first_s(1) is None  # a line, but no gap measured yet
     lim.first_token("r0", 0.5)  # the first: a latency, not a gap
     assert lim.gap_s is None
-    lim.first_token("r1", 0.8)  # 0.3 s after r0, with r1..r3 waiting
-    assert lim.gap_s == pytest.approx(0.3)
+    lim.first_token("r1", 0.8)  # 0.3 s after r0, with r1..r5 waiting
+    assert lim.gap_s is None  # one gap is no rate yet
+    lim.first_token("r2", 1.1)
+    lim.first_token("r3", 1.4)
+    assert lim.gap_s == pytest.approx(0.3)  # three, each 0.3 s
     # Two still wait: a newcomer of their class is third in line; fifth behind two queued.
     assert lim.expected_first_s(1) == pytest.approx(0.9)
     assert lim.expected_first_s(1, {0: 1, 1: 1, 2: 5}) == pytest.approx(1.5)  # 2 of 7 ahead
     # A more urgent newcomer goes before them (the engine's priority), a less urgent after.
     assert lim.expected_first_s(0) is None
-    lim.started("i", 0, 0.9, 1.0, 0.9)
+    lim.started("i", 0, 1.5, 1.0, 1.5)
     assert lim.expected_first_s(0) == pytest.approx(0.6)
     assert lim.expected_first_s(2) == pytest.approx(1.2)
+
+
+def test_one_slow_prefill_in_a_line_of_two_refuses_nothing():
+    """A light load: a long prompt and a short one start together on a cold engine and get
+    their first tokens together after 3 s. Two gaps (2.9 s and none) are no rate: a short
+    request arriving next, with one request ahead, has no line estimate to be refused by."""
+    lim = limit()
+    for name in ("short", "long", "other"):
+        lim.started(name, 1, 0.0, OBJECTIVE_S, 0.0)
+    lim.first_token("short", 0.2)
+    lim.first_token("long", 3.1)
+    lim.first_token("other", 3.1)
+    lim.started("next-long", 1, 3.6, OBJECTIVE_S, 3.6)
+    assert lim.expected_first_s(1) is None
 
 
 def test_a_request_that_found_no_line_measures_no_gap():
@@ -193,9 +210,9 @@ def test_the_gap_is_a_rate_over_seconds_so_a_step_s_burst_of_first_tokens_does_n
     for i in range(1, 11):
         lim.first_token(f"r{i}", 2.2)
     assert lim.gap_s == pytest.approx(0.12)
-    # Seconds later the old step weighs less than a new one.
-    lim.first_token("r11", 12.2)
-    assert lim.gap_s > 3
+    # A second later the old step weighs less than the new wait.
+    lim.first_token("r11", 3.2)
+    assert lim.gap_s > 0.2
 
 
 @pytest.mark.parametrize(("start", "limit_at"), [(32, 32), (60, 40), (1, 4), (None, 40)])
