@@ -8,7 +8,8 @@ engines hold it (their routing stats), and asks the pure policy in llmserve/poli
 for a replica. Each decision is counted by reason and noted on the request for the Router
 (its RouteSlip, llmserve/protocol/route_note.py): the trace span and the debug header say why.
 `RoundRobinRequestRouter` exists as the baseline the balance test compares against.
-Both note each change of the running replica set for the Router's admission (replica_counts.py).
+Both write each change of the running replica set into the ReplicaCounts of the Routers whose
+requests they routed (the slip's, llmserve/protocol/route_note.py), for admission.
 Ray's base class does the rest: FIFO order, retries with backoff, dropping dead replicas.
 """
 
@@ -20,6 +21,7 @@ import json
 import logging
 import random
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -35,8 +37,7 @@ from llmserve.policies.prefix_cache import PrefixIndex, block_keys
 from llmserve.policies.replica_ledger import InFlight, Sessions
 from llmserve.policies.routing import Choice, ReplicaLoad, ScoreWeights, choose, score
 from llmserve.protocol.replica_call import PackedBlocks, ReplicaRequest, RoutingStats
-from llmserve.protocol.route_note import RouteNote
-from llmserve.request_router import replica_counts
+from llmserve.protocol.route_note import ReplicaCounts, RouteNote
 
 logger = logging.getLogger("ray.serve")
 MAX_MEMO = 1024
@@ -87,14 +88,27 @@ def route_note(
 
 
 class _CountsReplicas(RequestRouter):
+    """Tells each Router whose request it routed how many replicas run, and every change."""
+
+    def initialize_state(self, **kwargs) -> None:
+        self._told: weakref.WeakSet[ReplicaCounts] = weakref.WeakSet()  # a Router's, while it lives
+
+    def _tell(self, pending_request: PendingRequest | None) -> None:
+        request = _replica_request(pending_request)
+        counts = request.route.replica_counts if request is not None else None
+        if counts is not None and counts not in self._told:
+            self._told.add(counts)
+            counts.note(self._deployment_id.name, len(self.curr_replicas))
+
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        d = self._deployment_id
-        replica_counts.note(d.app_name, d.name, len(replicas))
+        for counts in self._told:
+            counts.note(self._deployment_id.name, len(replicas))
 
 
 class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
     def initialize_state(self, **kwargs) -> None:
+        super().initialize_state(**kwargs)
         self._weights = ScoreWeights.from_dict(kwargs.get("weights", {}))
         self._session_affinity = kwargs.get("session_affinity", True)
         self._rng = random.Random(kwargs.get("seed"))
@@ -116,6 +130,7 @@ class LLMAwareRequestRouter(FIFOMixin, _CountsReplicas):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
+        self._tell(pending_request)
         avoid = _avoided_replica(pending_request)
         if avoid is not None:  # a retry: not the replica that refused it, while there is another
             candidate_replicas = [
@@ -309,6 +324,7 @@ class RoundRobinRequestRouter(FIFOMixin, _CountsReplicas):
     """Baseline: each replica in turn, whatever its load."""
 
     def initialize_state(self, **kwargs) -> None:
+        super().initialize_state(**kwargs)
         self._turn = itertools.count()
 
     async def choose_replicas(
@@ -316,6 +332,7 @@ class RoundRobinRequestRouter(FIFOMixin, _CountsReplicas):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
+        self._tell(pending_request)
         if not candidate_replicas:
             return []
         ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)

@@ -31,6 +31,7 @@ from llmserve.protocol.replica_call import (
     TENANT_HEADER,
     ReplicaRequest,
 )
+from llmserve.protocol.route_note import ReplicaCounts, RouteSlip
 from llmserve.router.admission_gate import Gate
 from llmserve.router.reply_relay import ReplyRelay
 from llmserve.router.request_log import RequestTrail
@@ -82,6 +83,7 @@ class Dispatcher:
         gate: Gate,
         relay: ReplyRelay,
         metrics: RouterMetrics,
+        replica_counts: ReplicaCounts | None = None,
     ) -> None:
         self._config = config
         self._served = served  # `model` name -> its model and adapter
@@ -89,6 +91,7 @@ class Dispatcher:
         self._gate = gate
         self._relay = relay
         self._metrics = metrics
+        self._replica_counts = replica_counts  # handed to the request routers on each request
 
     def trail(self, path: str, request_id: str) -> RequestTrail:
         kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion", RESPONSES_PATH: "response"}.get(
@@ -183,6 +186,7 @@ class Dispatcher:
             ),
             track_tokens=track,
             adapter=admitted.adapter,
+            route=RouteSlip(replica_counts=self._replica_counts),
         )
 
     async def _forward(

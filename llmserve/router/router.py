@@ -36,7 +36,7 @@ from llmserve.protocol.openai_protocol import (
 )
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmserve.protocol.replica_call import FORWARDED_PATHS as REPLICA_PATHS
-from llmserve.request_router import replica_counts
+from llmserve.protocol.route_note import ReplicaCounts
 from llmserve.responses.stored_responses import StoredResponse
 from llmserve.router import openapi_docs, shield
 from llmserve.router.admission_gate import Gate
@@ -103,10 +103,17 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
+        self._replica_counts = ReplicaCounts()  # the request routers write it (route_note.py)
         self._relay = ReplyRelay(self._gate)
         self._metrics = RouterMetrics()
         self._dispatch = Dispatcher(
-            self._config, self._served, llm_handles, self._gate, self._relay, self._metrics
+            self._config,
+            self._served,
+            llm_handles,
+            self._gate,
+            self._relay,
+            self._metrics,
+            self._replica_counts,
         )
         self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         tracing.configure_tracing(**self._config.tracing.model_dump())
@@ -144,9 +151,9 @@ class Router:
 
     async def _housekeeping(self) -> None:
         """Expire queued requests and enforce deadlines every tick; follow each model's live
-        replica count (llmserve/request_router/replica_counts.py). Where the count must be asked of
-        the Serve controller, which can stall for many seconds, it is asked in a task of its own, so
-        that no tick ever waits for it."""
+        replica count (ReplicaCounts, llmserve/protocol/route_note.py). Where the count must be
+        asked of the Serve controller, which can stall for many seconds, it is asked in a task of
+        its own, so that no tick ever waits for it."""
         last_refresh = 0.0
         refresh: asyncio.Task | None = None
         while True:
@@ -165,7 +172,7 @@ class Router:
 
     async def _refresh_replicas(self) -> None:
         app_name = serve.get_replica_context().app_name
-        known, unknown = replica_counts.split(app_name, self._deployment_names)
+        known, unknown = self._replica_counts.split(self._deployment_names)
         if unknown:  # no request yet through these models' handles: ask the controller
             try:
                 status = await asyncio.wait_for(asyncio.to_thread(serve.status), REFRESH_TIMEOUT_S)

@@ -74,7 +74,7 @@ def test_a_cold_start_longer_than_the_promise_is_refused_at_once_and_begun(cold_
         while running_replicas() != 0 and time.monotonic() < deadline:
             time.sleep(1)
         assert running_replicas() == 0, "the idle model did not scale to zero"
-        # The Router learns the count at its next look (llmserve/router/replica_counts.py).
+        # The Router learns the count at its next look (llmserve/protocol/route_note.py).
         deadline = time.monotonic() + 60
         while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -96,3 +96,13 @@ def test_a_cold_start_longer_than_the_promise_is_refused_at_once_and_begun(cold_
         while (r := client.post("/v1/completions", json=body, headers=headers)).status_code != 200:
             assert time.monotonic() < deadline, r.text
             time.sleep(1)
+        # Served once, the model's request router writes each change of its replica set into
+        # the Router's counts (the controller is no longer asked): idle again, it goes to zero
+        # and the Router hears so from Ray's push, and refuses the next request the same way.
+        deadline = time.monotonic() + UP_WITHIN_S
+        while running_replicas() != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert running_replicas() == 0, "the idle model did not scale to zero again"
+        time.sleep(ROUTER_LOOK_S)
+        r = client.post("/v1/completions", json=body, headers=headers)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "cold_start", r.text
