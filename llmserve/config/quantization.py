@@ -1,6 +1,6 @@
 """Which quantization runs where: a table, and the check that config validation calls.
 
-Pure data and one function: no vllm import (importing vLLM's quantization registry takes ~9 s,
+Pure data and one function: no vllm import (importing vLLM's quantization registry takes seconds,
 too slow for `serve run`'s config check and the Router). The CUDA side comes from vLLM 0.32.0's
 own data: `QUANTIZATION_METHODS` with each config class's `get_min_capability()`, and the
 compressed-tensors scheme classes' `get_min_capability()` (tests/integration/test_quantized.py

@@ -9,8 +9,8 @@ confined to the platform's cores (`LLMSERVE_PLATFORM_CORES`, by default the last
 without a GPU; `off` leaves every process on every core) and every process Ray starts inherits
 them. A replica widens its own thread's set to all cores only while it starts its engine: the
 engine's processes inherit all cores and vLLM's worker binds itself as vLLM decides (or to
-`engine.cpu_cores_by_replica`). The figures are in docs/benchmarks.md ("The platform off the
-engine's cores").
+`engine.cpu_cores_by_replica`). Where the benchmarks show it: docs/benchmarks.md ("The platform
+off the engine's cores").
 """
 
 from __future__ import annotations

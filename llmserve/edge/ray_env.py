@@ -17,8 +17,8 @@ figures of each option): that, not the GPU, would cap a node's tokens/s. So:
   0.4 s more; the scaling delays are seconds of wall time (llmserve/policies/autoscaling.py), not
   loop counts. Ray's performance guide names the knob.
 - `RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0`: Ray's log monitor lists the log folder every
-  0.5 s (`LOG_NAME_UPDATE_INTERVAL_S`), not every 0.1 s as it does below 1000 files: half its
-  idle CPU. A new worker's log is picked up up to 0.5 s later.
+  0.5 s (`LOG_NAME_UPDATE_INTERVAL_S`), not every 0.1 s as it does below 1000 files: a fifth
+  of the listings, on the cores the engine needs. A new worker's log is picked up up to 0.5 s later.
 - `RAY_worker_niceness=0`: Ray starts its workers at nice 15, and the engine's processes, which a
   replica starts, inherit it; any process at nice 0 on their cores (Ray's own daemons, a node
   agent, a load generator) then takes the core from the engine core and its worker whenever it

@@ -43,7 +43,7 @@ def flags(kwargs: dict[str, Any]) -> list[str]:
 def engine_kwargs(model: ModelConfig, native_bf16: bool) -> dict[str, Any]:
     """The model's engine args for this host. `dtype: auto` is vLLM's (the model's own dtype)
     except on a CPU replica whose CPU lacks native bf16 (`native_bf16`, llmserve/edge/host.py),
-    which computes a bf16 model about 6x slower than float32: there it is float32."""
+    which computes a bf16 model several times slower than float32: there it is float32."""
     kwargs = model.engine.engine_kwargs()
     if kwargs.get("dtype") == "auto" and model.deployment.num_gpus == 0 and not native_bf16:
         kwargs["dtype"] = "float32"

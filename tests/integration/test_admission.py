@@ -95,10 +95,10 @@ def test_max_tokens_above_cap_is_clamped_and_said(http):
 
 
 def test_a_flood_from_one_key_is_refused_within_a_second_at_the_door(base_url):
-    """400 requests at once from `door-flood` (0.5/s, burst 2): HAProxy's shield (serve_app/
-    shield.py) refuses what is past twice the bucket's second, the Router the rest of the
-    excess; every refusal is answered within a second, the admitted ones are served. The
-    client is bench.relay_cost's raw one, connections opened first: what is timed is the
+    """400 requests at once from `door-flood` (0.5/s, burst 2): HAProxy's shield
+    (llmserve/router/shield.py) refuses what is past twice the bucket's second, the Router the
+    rest of the excess; every refusal is answered within a second, the admitted ones are served.
+    The client is bench.relay_load's raw one, connections opened first: what is timed is the
     serving path, not 400 httpx clients on the same two cores."""
     num_requests = 400
     body = {"model": DEFAULT, "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}

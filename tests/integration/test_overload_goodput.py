@@ -7,7 +7,7 @@ The simulated engine (4 slots, one token a step of 25 ms, 40-token answers: one 
 a slot, 4 a second in all) stands in for the engine's throughput only; the bench's open-loop
 scenario (`make bench`, (b)) measures the same on the real engine, where host speed sets the
 capacity. What this guards is admission by the promise: a request that cannot start in time is
-refused at the door instead of queued to miss. With the queue bounded by a deadline alone
+refused at admission instead of queued to miss. With the queue bounded by a deadline alone
 (`max_queue_wait_s: 30`, no first-token objectives) goodput at 3x fell to 0.43/s against 3.46 at
 1x. The simulated engine's service time is steady, so the queue's wait estimate suffices here;
 what the adaptive in-flight limit adds (the real engine's prefill steps and frontend, which the

@@ -1,8 +1,8 @@
 """The layers of docs/design.md, read from the import graph: each package of `llmserve/` (one
 runtime role each) imports only packages of the layers below its own; the pure policies import no
 Ray, vLLM, web framework or asyncio (not even through another module of ours); only the vLLM
-engine module imports vllm or torch; and the checkers themselves catch a policy that imports ray
-and a package that imports one above it."""
+engine module and model preparation import vllm or torch; and the checkers themselves catch a
+policy that imports ray and a package that imports one above it."""
 
 from __future__ import annotations
 
