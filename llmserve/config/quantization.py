@@ -82,8 +82,8 @@ OFFLINE_SCHEMES: dict[str, OfflineScheme] = {
             75,
             False,
             "per-channel fp8 has no CPU kernel: vLLM falls back to "
-            "ChannelWiseTorchFP8ScaledMMLinearKernel (torch._scaled_mm); a 40-token answer "
-            "did not finish in 3 minutes here",
+            "ChannelWiseTorchFP8ScaledMMLinearKernel (torch._scaled_mm), too slow to serve "
+            "(docs/quantization.md)",
         ),
     ),
 }

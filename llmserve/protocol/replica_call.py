@@ -51,7 +51,7 @@ class ReplicaRequest:
     headers: tuple[tuple[str, str], ...] = ()  # content-type, x-request-id, traceparent, ...
     # On a retry: the replica that refused the first attempt, which the request router skips.
     avoid_replica_id: str | None = None
-    # Send the token ids with the reply (ReplyPart): the Router may resume this stream.
+    # Send the token ids with the reply (reply_part): the Router may resume this stream.
     track_tokens: bool = False
     resume: Resume | None = None  # continue this answer from where a dead replica left it
     adapter: str | None = None  # the LoRA adapter the request names: routed to its holders

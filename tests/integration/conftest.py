@@ -145,8 +145,10 @@ KEYS = {
     # Each limited tenant is one test's own, so no test waits for another's bucket to refill.
     "limited": "sk-test-limited-0001",
     "capped": "sk-test-capped-0001",
-    "door-flood": "sk-test-door-flood-0001",
+    "shield-flood": "sk-test-shield-flood-0001",
     "limited-beside": "sk-test-limited-beside-0001",
+    "overload-limited": "sk-test-overload-limited-0001",
+    "metrics-limited": "sk-test-metrics-limited-0001",
     "flooder": "sk-test-flooder-0001",
     "tiny-only": "sk-test-tiny-only-0001",
     "metered": "sk-test-metered-0001",
@@ -260,7 +262,14 @@ def app_args(model_dirs: dict[str, Path]) -> dict:
                     "max_tokens_cap": 16,
                     "default_timeout_s": SLOW_HOST_DEADLINE_S,
                 }
-                for name in ("limited", "door-flood", "limited-beside", "flooder")
+                for name in (
+                    "limited",
+                    "shield-flood",
+                    "limited-beside",
+                    "flooder",
+                    "overload-limited",
+                    "metrics-limited",
+                )
             ),
             {
                 "name": "capped",

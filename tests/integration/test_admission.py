@@ -94,8 +94,8 @@ def test_max_tokens_above_cap_is_clamped_and_said(http):
     assert r.json()["usage"]["completion_tokens"] == 16
 
 
-def test_a_flood_from_one_key_is_refused_within_a_second_at_the_door(base_url):
-    """400 requests at once from `door-flood` (0.5/s, burst 2): HAProxy's shield
+def test_a_flood_from_one_key_is_refused_within_a_second_by_the_shield(base_url):
+    """400 requests at once from `shield-flood` (0.5/s, burst 2): HAProxy's shield
     (llmserve/router/shield.py) refuses what is past twice the bucket's second, the Router the
     rest of the excess; every refusal is answered within a second, the admitted ones are served.
     The client is bench.relay_load's raw one, connections opened first: what is timed is the
@@ -103,13 +103,13 @@ def test_a_flood_from_one_key_is_refused_within_a_second_at_the_door(base_url):
     num_requests = 400
     body = {"model": DEFAULT, "prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
     port = httpx.URL(base_url).port
-    replies = asyncio.run(burst(port, num_requests, KEYS["door-flood"], body))
+    replies = asyncio.run(burst(port, num_requests, KEYS["shield-flood"], body))
     served = [data for _, data in replies if status_of(data) == 200]
     refused = sorted(latency for latency, data in replies if status_of(data) == 429)
     by_shield = sum(1 for _, data in replies if b"x-llmserve-refused-by: shield" in data)
     p99_ms = 1000 * refused[int(0.99 * (len(refused) - 1))]
     print(
-        f"\n{num_requests} at once from `door-flood`: {len(served)} served, {len(refused)} x 429 "
+        f"\n{num_requests} at once from `shield-flood`: {len(served)} served, {len(refused)} x 429 "
         f"({by_shield} by the shield), refusals p99 {p99_ms:.0f} ms"
     )
     assert len(served) + len(refused) == num_requests

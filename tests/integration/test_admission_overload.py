@@ -53,9 +53,9 @@ async def _flood_one(client, tenant: str | None, i: int, delay_s: float):
     return tenant, await send(client, "/v1/completions", body, headers=headers, record_errors=False)
 
 
-def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
+def test_flood_is_shed_at_admission_and_admitted_work_completes(base_url, http):
     served_before = engine_stats(DEFAULT).extra["num_requests_total"]
-    tenants = ["interactive", "batch", None, "limited"]
+    tenants = ["interactive", "batch", None, "overload-limited"]
     # 10x what the replica runs at once, all arriving within one second (an open-loop burst at
     # ~10x the rate it can serve). Sent all in the same instant instead, the burst measures
     # how fast two cores parse 160 HTTP requests, in the client as much as in the server.
@@ -107,7 +107,7 @@ def test_flood_is_shed_at_the_door_and_admitted_work_completes(base_url, http):
     # through the body read from the proxy, to the refusal or the last token), held to the same
     # comparison: on a loaded 2-core host the Router's event loop waits for CPU too. The
     # steady-overload figure (p50 0.03 s) is bench/admission_load.py's.
-    # HAProxy's shield refused some of `limited`'s before any Router (docs/admission.md).
+    # HAProxy's shield refused some of `overload-limited`'s before any Router (docs/admission.md).
     at_router = [r for _, r in results if r.refused_by != "shield"]
     log = router_access_log(FLOOD_ID, want=len(at_router))
     inside = [r["e2e_ms"] for r in log if r["status"] in ("429", "503")]

@@ -181,7 +181,7 @@ def send_traffic(http: httpx.Client) -> dict[str, int]:
     )
     note(r.status_code)
     # 0.5 requests/s with a burst of 2: of 4 at once, some are 429s.
-    limited = {"Authorization": f"Bearer {KEYS['limited']}"}
+    limited = {"Authorization": f"Bearer {KEYS['metrics-limited']}"}
     responses, _ = send_at_once(
         http.base_url,
         4,
