@@ -210,9 +210,10 @@ def test_the_gap_is_a_rate_over_seconds_so_a_step_s_burst_of_first_tokens_does_n
     for i in range(1, 11):
         lim.first_token(f"r{i}", 2.2)
     assert lim.gap_s == pytest.approx(0.12)
-    # A second later the old step weighs less than the new wait.
+    # A second later the old step weighs less than the new wait: (1.2 k + 1) / (10 k + 1) with
+    # k = exp(-1 / 5), not the undecayed 2.2 / 11 = 0.2.
     lim.first_token("r11", 3.2)
-    assert lim.gap_s > 0.2
+    assert lim.gap_s == pytest.approx(0.2158, abs=0.001)
 
 
 @pytest.mark.parametrize(("start", "limit_at"), [(32, 32), (60, 40), (1, 4), (None, 40)])
