@@ -83,7 +83,6 @@ class Dispatcher:
         gate: Gate,
         relay: ReplyRelay,
         metrics: RouterMetrics,
-        replica_counts: ReplicaCounts | None = None,
     ) -> None:
         self._config = config
         self._served = served  # `model` name -> its model and adapter
@@ -91,7 +90,8 @@ class Dispatcher:
         self._gate = gate
         self._relay = relay
         self._metrics = metrics
-        self._replica_counts = replica_counts  # handed to the request routers on each request
+        # Handed to the request routers on each request; they write the replica counts into it.
+        self.replica_counts = ReplicaCounts()
 
     def trail(self, path: str, request_id: str) -> RequestTrail:
         kind = {CHAT_PATH: "chat", COMPLETIONS_PATH: "completion", RESPONSES_PATH: "response"}.get(
@@ -186,7 +186,7 @@ class Dispatcher:
             ),
             track_tokens=track,
             adapter=admitted.adapter,
-            route=RouteSlip(replica_counts=self._replica_counts),
+            route=RouteSlip(replica_counts=self.replica_counts),
         )
 
     async def _forward(

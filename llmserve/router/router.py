@@ -36,7 +36,6 @@ from llmserve.protocol.openai_protocol import (
 )
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from llmserve.protocol.replica_call import FORWARDED_PATHS as REPLICA_PATHS
-from llmserve.protocol.route_note import ReplicaCounts
 from llmserve.responses.stored_responses import StoredResponse
 from llmserve.router import openapi_docs, shield
 from llmserve.router.admission_gate import Gate
@@ -103,17 +102,10 @@ class Router:
         self._deployment_names = {
             m.name: h.deployment_name for m, h in zip(self._config.models, llm_handles.values())
         }
-        self._replica_counts = ReplicaCounts()  # the request routers write it (route_note.py)
         self._relay = ReplyRelay(self._gate)
         self._metrics = RouterMetrics()
         self._dispatch = Dispatcher(
-            self._config,
-            self._served,
-            llm_handles,
-            self._gate,
-            self._relay,
-            self._metrics,
-            self._replica_counts,
+            self._config, self._served, llm_handles, self._gate, self._relay, self._metrics
         )
         self._engine_openapi: dict | None = None  # vLLM's document, from the first replica
         tracing.configure_tracing(**self._config.tracing.model_dump())
@@ -172,7 +164,7 @@ class Router:
 
     async def _refresh_replicas(self) -> None:
         app_name = serve.get_replica_context().app_name
-        known, unknown = self._replica_counts.split(self._deployment_names)
+        known, unknown = self._dispatch.replica_counts.split(self._deployment_names)
         if unknown:  # no request yet through these models' handles: ask the controller
             try:
                 status = await asyncio.wait_for(asyncio.to_thread(serve.status), REFRESH_TIMEOUT_S)
