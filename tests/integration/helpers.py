@@ -13,14 +13,8 @@ from collections.abc import Iterator
 import httpx
 import psutil
 
-from tests.integration.conftest import (
-    CALL_TIMEOUT_S,
-    CLIENT_TIMEOUT_S,
-    ENGINE_READY_S,
-    KEYS,
-    TINY,
-    engine_stats,
-)
+from tests.integration.apps import CALL_TIMEOUT_S, CLIENT_TIMEOUT_S, ENGINE_READY_S, KEYS, TINY
+from tests.integration.conftest import engine_stats
 
 SIM = "sim-model"
 

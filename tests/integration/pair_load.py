@@ -9,7 +9,7 @@ from collections import Counter
 import httpx
 
 from bench.client import send
-from tests.integration.conftest import CALL_TIMEOUT_S
+from tests.integration.apps import CALL_TIMEOUT_S
 
 
 async def one_request(

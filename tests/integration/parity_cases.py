@@ -4,7 +4,7 @@ the platform and to a bare `vllm serve`."""
 
 from __future__ import annotations
 
-from tests.integration.conftest import DEFAULT
+from tests.integration.apps import DEFAULT
 
 CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 ADAPTER = "smollm2-parity-lora"  # a random adapter (random:7): its answers differ from the base's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 
 from llmserve.protocol.replica_call import CHAT_PATH, COMPLETIONS_PATH
-from tests.integration.conftest import CALL_TIMEOUT_S
+from tests.integration.apps import CALL_TIMEOUT_S
 
 NUM_SESSIONS = 6
 # Longer than the router's memory of what it routed (PrefixIndex.recent_s, 3 s): a follow-up

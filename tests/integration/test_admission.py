@@ -11,7 +11,7 @@ import httpx
 
 from bench.client import send
 from bench.relay_load import burst, status_of
-from tests.integration.conftest import (
+from tests.integration.apps import (
     CALL_TIMEOUT_S,
     DEFAULT,
     KEYS,

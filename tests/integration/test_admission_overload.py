@@ -13,16 +13,15 @@ import httpx
 import pytest
 
 from bench.client import send
-from tests.integration.conftest import (
+from tests.integration.apps import (
     CALL_TIMEOUT_S,
     CAPACITY,
     CLIENT_TIMEOUT_S,
     DEFAULT,
     MAX_QUEUE_LEN,
     METRICS_PORT,
-    engine_stats,
-    serve_log_dir,
 )
+from tests.integration.conftest import engine_stats, serve_log_dir
 from tests.integration.helpers import auth
 from tests.integration.test_admission import chat
 

@@ -27,7 +27,7 @@ from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import content_type_conformance, status_code_conformance
 
 from llmserve.config.app_config import TenantConfig
-from tests.integration.conftest import CHAT, COMPLETIONS, RESPONSES, SIM_PREFIX, TINY
+from tests.integration.apps import CHAT, COMPLETIONS, RESPONSES, SIM_PREFIX, TINY
 from tests.integration.helpers import SIM, SIM_KEY, wait_idle
 
 DOCUMENTED = {200, 400, 401, 404, 413, 429, 503, 504}

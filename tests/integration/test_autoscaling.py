@@ -13,7 +13,7 @@ from ray import serve
 
 from bench.client import send
 from llmserve.app import build_app
-from tests.integration.conftest import CLIENT_TIMEOUT_S, ENGINE_READY_S, KEYS, TINY
+from tests.integration.apps import CLIENT_TIMEOUT_S, ENGINE_READY_S, KEYS, TINY
 
 PREFIX = "/autoscale"
 NAME = "tiny-auto"

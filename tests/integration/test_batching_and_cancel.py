@@ -9,7 +9,8 @@ import time
 import httpx
 
 from bench.client import send
-from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, MAX_NUM_SEQS, engine_stats
+from tests.integration.apps import CALL_TIMEOUT_S, DEFAULT, MAX_NUM_SEQS
+from tests.integration.conftest import engine_stats
 
 NUM_TOKENS = 64
 

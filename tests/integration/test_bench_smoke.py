@@ -22,7 +22,8 @@ import pytest
 from llmserve.config.app_config import AppConfig
 from llmserve.edge import platform_cores
 from llmserve.planning import model_source
-from tests.integration.conftest import DEFAULT, TINY, _build_tiny_llama
+from tests.integration.apps import DEFAULT, TINY
+from tests.integration.conftest import _build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT_BASE = int(os.environ.get("LLMSERVE_TEST_BENCH_PORT", "18560"))

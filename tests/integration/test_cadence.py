@@ -12,7 +12,7 @@ import time
 import httpx
 import numpy as np
 
-from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, SIM_PREFIX
+from tests.integration.apps import CLIENT_TIMEOUT_S, DEFAULT, SIM_PREFIX
 from tests.integration.helpers import SIM, SIM_KEY, auth
 
 

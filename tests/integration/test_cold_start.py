@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import CALL_TIMEOUT_S, SHIPPED_ADMISSION
+from tests.integration.apps import CALL_TIMEOUT_S, SHIPPED_ADMISSION
 
 APP, PREFIX, MODEL = "cold", "/cold", "sim-cold"
 KEY = "sk-test-cold-standard-0001"

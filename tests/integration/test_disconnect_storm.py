@@ -22,15 +22,15 @@ from ray import serve
 
 from llmserve.app import build_app
 from llmserve.config.app_config import AppConfig
-from tests.integration.conftest import (
+from tests.integration.apps import (
     CALL_TIMEOUT_S,
     CLIENT_TIMEOUT_S,
     METRICS_PORT,
     SLOW_HOST_DEADLINE_S,
     TINY,
     app_args,
-    engine_stats,
 )
+from tests.integration.conftest import engine_stats
 from tests.integration.helpers import auth
 
 PREFIX = "/storm"

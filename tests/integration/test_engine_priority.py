@@ -16,7 +16,7 @@ from llmserve.config.app_config import EngineConfig, ModelConfig
 from llmserve.protocol.replica_call import COMPLETIONS_PATH, ReplicaRequest
 from llmserve.replica.engine.asgi_call import AsgiCall
 from llmserve.replica.engine.vllm_engine import VLLMEngine
-from tests.integration.conftest import TINY
+from tests.integration.apps import TINY
 
 NUM_BATCH = 3
 MAX_TOKENS = 400

@@ -9,7 +9,8 @@ from ray import serve
 
 from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
-from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, llm_handle
+from tests.integration.apps import CALL_TIMEOUT_S, DEFAULT
+from tests.integration.conftest import llm_handle
 
 PARIS = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import CHAT, COMPLETIONS, MAX_BODY_BYTES, SIM_PREFIX, TINY
+from tests.integration.apps import CHAT, COMPLETIONS, MAX_BODY_BYTES, SIM_PREFIX, TINY
 from tests.integration.helpers import SIM, SIM_KEY, wait_idle
 
 

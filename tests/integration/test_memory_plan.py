@@ -12,7 +12,7 @@ from llmserve.config.app_config import EngineConfig, ModelConfig
 from llmserve.planning import memory_plan as mp
 from llmserve.planning import weights
 from llmserve.replica.engine.vllm_engine import VLLMEngine
-from tests.integration.conftest import DEFAULT
+from tests.integration.apps import DEFAULT
 
 pytestmark = pytest.mark.integration
 KV_SPACE_GIB = 1

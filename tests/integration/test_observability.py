@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from llmserve.ops import cli
-from tests.integration.conftest import (
+from tests.integration.apps import (
     CAPACITY,
     CLIENT_TIMEOUT_S,
     DEFAULT,

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.apps import (
     DEFAULT,
     INT8,
     KEYS,
@@ -17,8 +17,8 @@ from tests.integration.conftest import (
     TINY,
     TINY_LORA,
     TINY_LORA_PRIVATE,
-    engine_stats,
 )
+from tests.integration.conftest import engine_stats
 from tests.integration.helpers import auth
 
 PARIS = [

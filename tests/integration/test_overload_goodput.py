@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from bench.client import Reply, send
-from tests.integration.conftest import CLIENT_TIMEOUT_S, SHIPPED_ADMISSION
+from tests.integration.apps import CLIENT_TIMEOUT_S, SHIPPED_ADMISSION
 
 APP, PREFIX, MODEL = "overload", "/overload", "sim-overload"
 KEY = "sk-test-overload-standard-0001"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.client import send
-from tests.integration.conftest import CLIENT_TIMEOUT_S, KEYS
+from tests.integration.apps import CLIENT_TIMEOUT_S, KEYS
 from tests.integration.helpers import deployed_app
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, METRICS_PORT
+from tests.integration.apps import CLIENT_TIMEOUT_S, DEFAULT, METRICS_PORT
 
 ROOT = Path(__file__).resolve().parents[2]
 APP, PREFIX = "promises", "/promises"

@@ -12,7 +12,7 @@ import json
 
 from openai import OpenAI
 
-from tests.integration.conftest import CLIENT_TIMEOUT_S, DEFAULT, INT8, KEYS
+from tests.integration.apps import CLIENT_TIMEOUT_S, DEFAULT, INT8, KEYS
 
 
 def test_int8_variant_is_listed_beside_the_bf16_model(base_url):

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, KEYS, SIM_PREFIX
+from tests.integration.apps import CALL_TIMEOUT_S, DEFAULT, KEYS, SIM_PREFIX
 from tests.integration.helpers import SIM, SIM_KEY, auth
 
 QUESTION = "What is the capital of France?"

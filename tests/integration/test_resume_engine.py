@@ -36,7 +36,7 @@ from llmserve.replica.engine import request_usage
 from llmserve.replica.engine.asgi_call import AsgiCall, reply_parts
 from llmserve.replica.engine.vllm_engine import VLLMEngine
 from llmserve.replica.resumable import TrackedReply
-from tests.integration.conftest import DEFAULT
+from tests.integration.apps import DEFAULT
 
 pytestmark = pytest.mark.timeout(900)
 MAX_TOKENS = 40

@@ -25,7 +25,7 @@ from ray import serve
 
 from chaos.scenarios.replica_death import replica_actor, wait_gone
 from llmserve.request_router.prompt_tokens import PromptTokens
-from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
+from tests.integration.apps import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 from tests.integration.helpers import deployed_app, tiny_engine
 from tests.integration.pair_load import balance
 from tests.integration.prefix_turns import BODIES, NUM_SESSIONS, REPORT_WAIT_S, chat, first_turns

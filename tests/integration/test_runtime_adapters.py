@@ -18,7 +18,7 @@ from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema
 
 from chaos.watch import REPLICA_PREFIX
 from llmserve.router import served_table
-from tests.integration.conftest import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
+from tests.integration.apps import CALL_TIMEOUT_S, ENGINE_READY_S, OPEN_ACCESS, TINY
 from tests.integration.helpers import tiny_engine, wait_running
 
 pytestmark = pytest.mark.timeout(3 * ENGINE_READY_S)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bench.client import send
-from tests.integration.conftest import (
+from tests.integration.apps import (
     DEFAULT,
     KEYS,
     MAX_BODY_BYTES,
@@ -30,8 +30,8 @@ from tests.integration.conftest import (
     SIM_PREFIX,
     TINY,
     TRACE_FILE,
-    engine_stats,
 )
+from tests.integration.conftest import engine_stats
 from tests.integration.helpers import SIM, auth, send_at_once
 
 SIM_BODY = {"model": SIM, "prompt": "Hello", "max_tokens": 4}

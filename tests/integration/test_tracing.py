@@ -7,7 +7,8 @@ import time
 
 import httpx
 
-from tests.integration.conftest import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE, serve_log_dir
+from tests.integration.apps import DEFAULT, KEYS, SIM_PREFIX, TRACE_FILE
+from tests.integration.conftest import serve_log_dir
 
 
 def _spans(trace_id: str) -> list[dict]:
@@ -170,7 +171,7 @@ def test_api_keys_never_reach_logs_or_traces(http):
 def _scrape_sum(metric: str, **labels: str) -> float:
     import httpx as _httpx
 
-    from tests.integration.conftest import METRICS_PORT
+    from tests.integration.apps import METRICS_PORT
 
     text = _httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=60).text
     total = 0.0

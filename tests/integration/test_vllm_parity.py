@@ -31,7 +31,7 @@ from llmserve.config.app_config import AppConfig, ModelConfig
 from llmserve.edge import host
 from llmserve.planning import adapters
 from llmserve.replica.vllm_args import launch
-from tests.integration.conftest import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
+from tests.integration.apps import CALL_TIMEOUT_S, DEFAULT, ENGINE_READY_S
 from tests.integration.parity_cases import (
     ADAPTER,
     CASES,
