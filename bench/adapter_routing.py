@@ -17,6 +17,11 @@ from Ray's metrics, and its replies do not name their replica (no spread, no TTF
 
     .venv/bin/python -m bench.adapter_routing [--requests 240] [--concurrency 4] [--max-cpu-loras 4]
 
+With `--rounds R` (default 3), each round after the first starts adapter-aware and Ray Serve
+LLM again, in the other order every other round, and measures the same load (no spread): a
+3% difference in one run is within this host's drift, so the tokens/s comparison is the median
+of the rounds' ratios.
+
 Results: bench/results/adapter_routing.{json,md}, stamped with commit, date and machine.
 """
 
@@ -29,6 +34,7 @@ import functools
 import json
 import os
 import random
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -195,16 +201,28 @@ def _row(name: str, r: dict[str, Any]) -> str:
     )
 
 
-def _ratio_lines(routers: dict[str, Any]) -> list[str]:
+def _ratio_lines(routers: dict[str, Any], rounds: list[dict] | None = None) -> list[str]:
     aware, blind, ray = (routers.get(k, {}) for k in SYSTEMS)
     lines = []
     if aware.get("loads_per_1000") is not None and blind.get("loads_per_1000"):
         ratio = aware["loads_per_1000"] / blind["loads_per_1000"]
         lines.append(f"Loads, adapter-aware against load-only: x{ratio:.2f}.")
-    if aware.get("tokens_per_s") and ray.get("tokens_per_s"):
-        ratio = aware["tokens_per_s"] / ray["tokens_per_s"]
-        lines.append(f"tokens/s, adapter-aware against Ray Serve LLM: x{ratio:.2f}.")
+    ratios = round_ratios(rounds or [{k: r.get("tokens_per_s") for k, r in routers.items()}])
+    if len(ratios) == 1:
+        lines.append(f"tokens/s, adapter-aware against Ray Serve LLM: x{ratios[0]:.2f}.")
+    elif ratios:
+        by_round = " / ".join(f"x{r:.2f}" for r in ratios)
+        lines.append(
+            f"tokens/s, adapter-aware against Ray Serve LLM, by round: {by_round}; median "
+            f"x{statistics.median(ratios):.2f}."
+        )
     return ["", *lines] if lines else []
+
+
+def round_ratios(rounds: list[dict[str, float | None]]) -> list[float]:
+    """Adapter-aware's tokens/s over Ray Serve LLM's, for each round where both served."""
+    aware, ray = SYSTEMS[0], ray_llm.NAME
+    return [r[aware] / r[ray] for r in rounds if r.get(aware) and r.get(ray)]
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -242,7 +260,21 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{v['failed']} |"
             for k, v in spreads.items()
         ]
-    lines += _ratio_lines(doc["routers"])
+    if len(doc.get("rounds", [])) > 1:
+        names = list(doc["rounds"][0])
+        lines += [
+            "",
+            "tokens/s by round (round 1 is the table above; each later round starts the two "
+            "systems again, in the other order every other round):",
+            "",
+            "| round | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
+        lines += [
+            f"| {i} | " + " | ".join(str(_na(r.get(n))) for n in names) + " |"
+            for i, r in enumerate(doc["rounds"], 1)
+        ]
+    lines += _ratio_lines(doc["routers"], doc.get("rounds"))
     lines += [
         "",
         "A load is a request sent to an engine whose replica had not reported the adapter held "
@@ -262,7 +294,9 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(system: systems.System, a, draws, warm, model_of=same_name) -> dict[str, Any]:
+def measure(
+    system: systems.System, a, draws, warm, model_of=same_name, with_spread: bool = True
+) -> dict[str, Any]:
     """Starts `system`, warms it, measures `draws`; the spread only where replies name their
     replica. The caller stops it."""
     entry: dict[str, Any] = {}
@@ -276,12 +310,14 @@ def measure(system: systems.System, a, draws, warm, model_of=same_name) -> dict[
         entry["loads_per_1000"] = round(
             1000 * loads / max(1, entry["requests"] - entry["failed"]), 1
         )
-    if entry["hottest_by_replica"] is not None:
+    if with_spread and entry["hottest_by_replica"] is not None:
         entry["spread"] = asyncio.run(spread(system.base_url, a))
     return entry
 
 
-def run_system(name: str, port: int, model, a, work_dir: Path, draws, warm) -> dict[str, Any]:
+def run_system(
+    name: str, port: int, model, a, work_dir: Path, draws, warm, with_spread: bool = True
+) -> dict[str, Any]:
     """One system's entry: its figures, or the error that stopped it."""
     entry: dict[str, Any] = {"weights": ROUTERS.get(name)}
     try:
@@ -291,7 +327,7 @@ def run_system(name: str, port: int, model, a, work_dir: Path, draws, warm) -> d
             system = AdapterPlatform(ROUTERS[name], a.max_cpu_loras, model, port, work_dir, CONFIG)
             print(f"== {name} (log {system.log_path})", flush=True)
             try:
-                entry.update(measure(system, a, draws, warm))
+                entry.update(measure(system, a, draws, warm, with_spread=with_spread))
             finally:
                 system.stop()
         print(f"  {entry}", flush=True)
@@ -322,6 +358,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-cpu-loras", type=int, default=4, help="adapters each engine holds")
     p.add_argument("--routers", default=",".join(SYSTEMS), help="systems, in order")
+    p.add_argument("--rounds", type=int, default=3, help="tokens/s rounds (module docstring)")
     p.add_argument("--port", type=int, default=18720)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
@@ -335,8 +372,21 @@ def main() -> None:
     draws = zipf_draws(a.requests, a.zipf_s, seed=0)
     warm = zipf_draws(len(ADAPTERS) * 2, 0.0, seed=1)  # every adapter, first-request costs
     doc = header(model, a)
-    for i, name in enumerate(a.routers.split(",")):
+    names = a.routers.split(",")
+    for i, name in enumerate(names):
         doc["routers"][name] = run_system(name, a.port + 10 * i, model, a, work_dir, draws, warm)
+    doc["rounds"] = [{k: r.get("tokens_per_s") for k, r in doc["routers"].items()}]
+    pair = [n for n in (SYSTEMS[0], ray_llm.NAME) if n in names]
+    for k in range(1, a.rounds if len(pair) == 2 else 1):
+        order = pair[::-1] if k % 2 else pair
+        doc["rounds"].append(
+            {
+                name: run_system(
+                    name, a.port + 10 * i, model, a, work_dir, draws, warm, with_spread=False
+                ).get("tokens_per_s")
+                for i, name in enumerate(order)
+            }
+        )
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / "adapter_routing.json").write_text(json.dumps(doc, indent=1))
     (a.out_dir / "adapter_routing.md").write_text(markdown(doc))

@@ -65,3 +65,18 @@ def test_summarize_without_route_headers_leaves_routing_figures_out():
 def test_tokens_ratio_line():
     routers = {"adapter-aware": {"tokens_per_s": 20.0}, rl.NAME: {"tokens_per_s": 10.0}}
     assert "tokens/s, adapter-aware against Ray Serve LLM: x2.00." in ar._ratio_lines(routers)
+
+
+def test_rounds_ratio_line_is_the_median_of_rounds_where_both_served():
+    routers = {"adapter-aware": {"tokens_per_s": 9.0}, "ray-serve-llm": {"tokens_per_s": 10.0}}
+    rounds = [
+        {"adapter-aware": 9.0, "load-only": 9.5, "ray-serve-llm": 10.0},
+        {"ray-serve-llm": 10.0, "adapter-aware": 11.0},
+        {"adapter-aware": 12.0, "ray-serve-llm": None},  # Ray failed: no ratio
+        {"adapter-aware": 10.5, "ray-serve-llm": 10.0},
+    ]
+    line = ar._ratio_lines(routers, rounds)[-1]
+    assert line == (
+        "tokens/s, adapter-aware against Ray Serve LLM, by round: x0.90 / x1.10 / x1.05; "
+        "median x1.05."
+    )
