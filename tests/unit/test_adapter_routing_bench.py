@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bench import adapter_routing as ar
 from bench import adapter_routing_ray as rl
+from bench import adapter_routing_report as report
 from bench.client import Reply
 from bench.s3_standin import aws_env, object_keys
 
@@ -58,13 +59,13 @@ def test_summarize_without_route_headers_leaves_routing_figures_out():
     assert (s["failed"], s["tokens_per_s"]) == (1, 16.0)
     assert s["ttft_s"] == {"p50": 1.5, "p99": 1.5}
     assert s["loads_per_1000"] is s["ttft_held_s"] is s["hottest_by_replica"] is None
-    row = ar._row("ray-serve-llm", {**s, "loads_per_1000": None})
+    row = report._row("ray-serve-llm", {**s, "loads_per_1000": None})
     assert "| n/a | 1.5 / 1.5 | n/a | n/a | 16.0 | 1 |" in row
 
 
 def test_tokens_ratio_line():
     routers = {"adapter-aware": {"tokens_per_s": 20.0}, rl.NAME: {"tokens_per_s": 10.0}}
-    assert "tokens/s, adapter-aware against Ray Serve LLM: x2.00." in ar._ratio_lines(routers)
+    assert "tokens/s, adapter-aware against Ray Serve LLM: x2.00." in report._ratio_lines(routers)
 
 
 def test_rounds_ratio_line_is_the_median_of_rounds_where_both_served():
@@ -75,7 +76,7 @@ def test_rounds_ratio_line_is_the_median_of_rounds_where_both_served():
         {"adapter-aware": 12.0, "ray-serve-llm": None},  # Ray failed: no ratio
         {"adapter-aware": 10.5, "ray-serve-llm": 10.0},
     ]
-    line = ar._ratio_lines(routers, rounds)[-1]
+    line = report._ratio_lines(routers, rounds)[-1]
     assert line == (
         "tokens/s, adapter-aware against Ray Serve LLM, by round: x0.90 / x1.10 / x1.05; "
         "median x1.05."
