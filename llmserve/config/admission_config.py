@@ -146,6 +146,12 @@ class AdmissionConfig(Strict):
         "first token behind it. A non-streamed request counts for the mean prefill measured on "
         "streams. 1 = no bound.",
     )
+    batch_waits_for_first_tokens: bool = Field(
+        default=False,
+        description="No batch request starts while a request of a class with a first-token "
+        "objective is in its prefill (until its first token, its objective at most): a batch "
+        "prefill beside it would share its engine steps and delay its first token.",
+    )
     shield_factor: float = Field(
         default=2.0,
         ge=0,

@@ -32,7 +32,9 @@ at the next step). vLLM's priority scheduling never stops a running sequence: wi
 cap an interactive request would wait for a batch one to finish. Of those, at most
 `batch_prefill_share` of the slots may be in their prefill at once (prefill_window.py):
 `prefills.first_token` ends one's prefill, `start_due` (a few times a second) starts what
-time let in. Invariant after every call: every queued entry that could start has started.
+time let in. With `batch_waits_for_first_tokens`, no batch request starts while a promised one
+is in its prefill (until its first token, its objective at most). Invariant after every call:
+every queued entry that could start has started.
 How long one would wait: wait_estimate.py.
 """
 
@@ -65,6 +67,7 @@ class AdmissionPolicy:
         capped_priority: int | None = None,
         batch_max_share: float = 1.0,
         batch_prefill_share: float = 1.0,
+        batch_waits_for_first_tokens: bool = False,
         engine_slots: int | None = None,
         ttft_objective_s_by_level: Mapping[int, float] | None = None,
     ) -> None:
@@ -87,7 +90,7 @@ class AdmissionPolicy:
         self._min_retry_after_s = min_retry_after_s
         self._capped_priority = capped_priority
         self._batch_max_share = batch_max_share
-        self._prefills = PrefillWindow(batch_prefill_share)
+        self._prefills = PrefillWindow(batch_prefill_share, batch_waits_for_first_tokens)
         self._engine_slots = self._check_engine_slots(engine_slots)
         self._ttft_objective_s_by_level = dict(ttft_objective_s_by_level or {})
         self._in_flight: dict[str, float] = {}  # entry id -> admitted at (s)
@@ -288,6 +291,9 @@ class AdmissionPolicy:
             self._prefills.started(entry_id, now_s)
         if self._is_promised(priority):
             self._in_flight_promised.add(entry_id)
+            self._prefills.promised_started(
+                entry_id, now_s, self._ttft_objective_s_by_level[priority]
+            )
 
     def _victim(self, priority: int) -> str | None:
         """The preemptible in-flight entry of the lowest class below `priority`, the one

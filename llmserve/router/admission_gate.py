@@ -77,6 +77,7 @@ class Gate:
                 capped_priority=max(adm.priority_levels.values()),
                 batch_max_share=adm.batch_max_share,
                 batch_prefill_share=adm.batch_prefill_share,
+                batch_waits_for_first_tokens=adm.batch_waits_for_first_tokens,
                 engine_slots=self._engine_slots(m, _initial_replicas(m)),
                 ttft_objective_s_by_level=self._objective_s,
             )

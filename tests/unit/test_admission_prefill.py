@@ -82,3 +82,54 @@ def test_share_one_holds_nothing_and_bad_shares_are_refused():
     for share in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="batch_prefill_share"):
             policy(share=share)
+
+
+def waiting_policy(wait: bool = True):
+    return make(
+        capacity=12,
+        capped_priority=BATCH,
+        batch_max_share=0.75,
+        batch_waits_for_first_tokens=wait,
+        engine_slots=8,
+        ttft_objective_s_by_level={INTERACTIVE: 1.0},
+    )
+
+
+def test_batch_waits_while_a_promised_request_is_in_its_prefill():
+    p = waiting_policy()
+    assert p.offer("b0", BATCH, 0.0) == Admit("b0")
+    assert p.offer("i0", INTERACTIVE, 0.1) == Admit("i0")
+    assert isinstance(p.offer("b1", BATCH, 0.2), Queue)  # it would share i0's prefill steps
+    assert p.start_due(0.3) == []
+    p.prefills.first_token("i0", 0.35)
+    assert p.start_due(0.35) == ["b1"]
+
+
+def test_a_promised_prefill_holds_batch_its_objective_at_most_or_until_it_ends():
+    p = waiting_policy()
+    p.offer("i0", INTERACTIVE, 0.0)
+    assert isinstance(p.offer("b0", BATCH, 0.1), Queue)
+    assert p.start_due(0.99) == [] and p.start_due(1.0) == ["b0"]  # its objective of 1 s
+    p.offer("i1", INTERACTIVE, 2.0)
+    assert isinstance(p.offer("b1", BATCH, 2.1), Queue)
+    assert p.release("i1", 2.2) == ["b1"]  # it ended without a first token (an error)
+
+
+def test_a_non_streamed_promised_request_holds_batch_for_a_mean_prefill():
+    p = waiting_policy()
+    p.offer("m", BATCH, 0.0)
+    p.prefills.first_token("m", 0.4)  # a prefill takes 0.4 s
+    p.offer("i0", INTERACTIVE, 1.0)
+    p.prefills.unseen_first_token("i0", 1.0)
+    assert isinstance(p.offer("b0", BATCH, 1.1), Queue)
+    assert p.start_due(1.39) == [] and p.start_due(1.4) == ["b0"]
+    w = PrefillWindow(1.0, yield_to_promised=True)  # before any prefill was measured
+    w.promised_started("plain", 0.0, 1.0)
+    w.unseen_first_token("plain", 0.0)
+    assert not w.is_full(8, 0.0)
+
+
+def test_without_the_setting_batch_starts_beside_a_promised_prefill():
+    p = waiting_policy(wait=False)
+    p.offer("i0", INTERACTIVE, 0.0)
+    assert p.offer("b0", BATCH, 0.1) == Admit("b0")
