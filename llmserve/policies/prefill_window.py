@@ -47,10 +47,12 @@ class PrefillWindow:
 
     def is_full(self, slots: int, now_s: float) -> bool:
         """No batch request may start now."""
+        limit = self.limit(slots)
+        if limit is None and not self._yield:
+            return False  # nothing bounds batch starts: no need to walk the entries
         self._expire(now_s)
         if self._promised_until:
             return True
-        limit = self.limit(slots)
         return limit is not None and len(self._until) >= limit
 
     def promised_started(self, entry_id: str, now_s: float, hold_s: float) -> None:
