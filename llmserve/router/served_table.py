@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 from llmserve.config.app_config import AppConfig, Served
+from llmserve.config.host_fit import HeldBack
 from llmserve.config.lora_config import AdapterConfig
 
 logger = logging.getLogger("ray.serve")
@@ -29,8 +30,16 @@ AskReplica = Callable[[str], Awaitable[list[dict]]]  # model name -> its runtime
 
 
 class ServedTable:
-    def __init__(self, config: AppConfig, ask: AskReplica, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        config: AppConfig,
+        ask: AskReplica,
+        clock=time.monotonic,
+        held_back: dict[str, HeldBack] | None = None,
+    ) -> None:
         self._fixed = config.served()
+        # Names of the app's args that this host cannot serve (llmserve/config/host_fit.py).
+        self.held_back = held_back or {}
         self._lora_models = {m.name: m for m in config.models if m.lora is not None}
         self._ask = ask
         self._clock = clock
@@ -46,6 +55,10 @@ class ServedTable:
             if name in adapters:
                 return adapters[name]
         return None
+
+    def held_back_for(self, tenant: str) -> dict[str, str]:
+        """The held-back names a tenant may use -> why; the others are not its business."""
+        return {m: h.reason for m, h in self.held_back.items() if h.told_to(tenant)}
 
     def items(self) -> Iterator[tuple[str, Served]]:
         yield from self._fixed.items()

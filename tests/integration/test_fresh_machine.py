@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -31,9 +32,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import yaml
 
+from llmserve.config import host_fit
 from llmserve.config.app_config import AppConfig
 from llmserve.edge import ray_env
+from llmserve.edge.host import cpu_flags
 from tests.integration.helpers import cluster_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +218,36 @@ def test_serve_status_and_llmserve_status_find_the_cluster(fresh):
     out = fresh.run(f"{VENV_BIN}/llmserve status --once --timeout-s 30", timeout_s=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert DEFAULT in out.stdout, out.stdout
+
+
+def test_every_shipped_model_answers_or_is_held_back_saying_why(fresh):
+    """On an AVX2 CPU vLLM has no int4 kernel: the w4a16 variant is left out of the app (its
+    engine would load and die on its first forward pass, a crash loop that kept the app from
+    RUNNING) and its name answered with a 404 that says why; on AVX-512 every model answers."""
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    config = AppConfig.model_validate(args)
+    expected = host_fit.held_back(config, platform.machine(), cpu_flags())
+    key = {"Authorization": "Bearer sk-demo-interactive-0001"}  # README "Use it"
+    ready = httpx.get(f"{API}/readyz", headers=key, timeout=30).json()
+    assert set(ready["held_back"]) == set(expected), ready
+    assert set(ready["models"]) == {m.name for m in config.models} - set(expected), ready
+    for m in config.models:
+        reply = httpx.post(
+            f"{API}/v1/chat/completions",
+            headers=key,
+            json={
+                "model": m.name,
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            },
+            timeout=300,
+        )
+        if m.name in expected:
+            error = reply.json()["error"]
+            assert reply.status_code == 404 and error["code"] == "model_not_available", reply.text
+            assert "avx512f" in error["message"] and "w8a8" in error["message"], error
+        else:
+            assert reply.status_code == 200, (m.name, reply.text)
 
 
 def test_a_second_make_serve_says_it_already_serves(fresh):

@@ -92,3 +92,34 @@ def test_support_table_matches_the_installed_vllm():
     assert minimum["fp8"] == CompressedTensorsW8A16Fp8.get_min_capability()
     cpu_kv = {k for k, s in quantization.KV_CACHE_DTYPES.items() if s.cpu}
     assert cpu_kv == set(CPUAttentionBackend.supported_kv_cache_dtypes)
+
+
+def test_the_int4_kernel_is_in_vllms_avx512_builds_alone():
+    """OFFLINE_SCHEMES["w4a16"]'s x86 flags (the app holds the model back without them,
+    llmserve/config/host_fit.py): vLLM loads its AVX2 build where torch finds no AVX-512 F, and
+    that build has no cpu_gemm_wna16. An upgrade that adds it there, or picks its build by
+    another flag, fails here."""
+    import inspect
+    import mmap
+    from pathlib import Path
+
+    import vllm
+    from vllm.platforms.cpu import CpuPlatform
+
+    from llmserve.config import quantization
+
+    def has_op(lib: str) -> bool:
+        with open(Path(vllm.__file__).parent / f"{lib}.abi3.so", "rb") as f:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                return m.find(b"cpu_gemm_wna16(Tensor") >= 0
+
+    assert {lib: has_op(lib) for lib in ("_C", "_C_AVX512", "_C_AVX2")} == {
+        "_C": True,
+        "_C_AVX512": True,
+        "_C_AVX2": False,
+    }
+    picks = inspect.getsource(CpuPlatform.import_kernels)
+    assert "torch.cpu._is_avx512_supported()" in picks and "vllm._C_AVX2" in picks
+    assert "avx512_f" in inspect.getsource(__import__("torch").cpu._is_avx512_supported)
+    assert quantization.OFFLINE_SCHEMES["w4a16"].support.x86_flags == {"avx512f"}
+    assert not quantization.OFFLINE_SCHEMES["w8a8"].support.x86_flags

@@ -93,7 +93,7 @@ def test_a_flag_vllm_refuses_stops_the_build_naming_the_model():
 
 def test_flags_vllm_accepts_build():
     app = build_app({"models": [{"name": "m", "source": "org/m", **OWN_FLAGS}]})
-    _, handles, _ = app._bound_deployment.init_args
+    _, handles, _, _ = app._bound_deployment.init_args
     model, _ = handles["m"]._bound_deployment.init_args
     assert model.engine.extra == OWN_FLAGS["engine"]["extra"]
 
@@ -134,8 +134,8 @@ def test_good_config_binds_one_server_per_model_behind_the_router(tmp_path):
     app = build_app(args)
     router = app._bound_deployment
     assert router.name == "Router" and router.num_replicas == 3
-    config, handles, store = router.init_args
-    assert list(handles) == ["qwen:0.5b", "tiny"]
+    config, handles, store, held_back = router.init_args
+    assert list(handles) == ["qwen:0.5b", "tiny"] and held_back == {}  # no quantize: any CPU
     # One Responses API store, the same for the Router and every model's replicas.
     assert store._bound_deployment.name == "ResponseStore"
     assert store._bound_deployment.init_args == (10_000,)
@@ -180,7 +180,7 @@ def test_custom_resources_reach_the_replicas_actor_options():
             {"name": "free", "source": "org/f"},
         ]
     }
-    _, handles, _ = build_app(args)._bound_deployment.init_args
+    _, handles, _, _ = build_app(args)._bound_deployment.init_args
     assert handles["pinned"]._bound_deployment.ray_actor_options["resources"] == {"llm_slot": 1}
     assert "resources" not in handles["free"]._bound_deployment.ray_actor_options
 
@@ -221,7 +221,7 @@ def test_an_app_without_tenants_is_refused_before_anything_starts(monkeypatch):
 
 def test_the_router_is_bound_with_digests_not_keys():
     app = build_app({"models": [{"name": "m", "source": "org/m"}]})
-    config, _, _ = app._bound_deployment.init_args
+    config, _, _, _ = app._bound_deployment.init_args
     assert "sk-wiring-test-01" not in repr(config)
     assert len(config["tenants"][0]["api_key_sha256"]) == 1
 
