@@ -157,15 +157,17 @@ class AdmissionPolicy:
 
     # -- decisions -------------------------------------------------------------------
 
-    def offer(self, entry_id: str, priority: int, now_s: float) -> Decision:
-        """Decide a new request. Call `poll(now_s)` first so expired entries do not count."""
+    def offer(self, entry_id: str, priority: int, now_s: float, waited_s: float = 0.0) -> Decision:
+        """Decide a new request. Call `poll(now_s)` first so expired entries do not count.
+        `waited_s`: what it already waited before it got here (in front of the Router), which
+        its promise and its class's queue bound count as they count the queue's own wait."""
         if entry_id in self._queue or entry_id in self._in_flight:
             raise ValueError(f"entry {entry_id!r} was already offered")
-        entry = self._queue.entry(entry_id, priority, now_s)
+        entry = self._queue.entry(entry_id, priority, now_s - waited_s)
         objective_s = self._ttft_objective_s_by_level.get(priority)
         if objective_s is not None:
             first_s = self._expected_engine_wait_s(entry, now_s)
-            late = first_s is not None and first_s > objective_s
+            late = first_s is not None and waited_s + first_s > objective_s
             if late or not self._may_start(priority, now_s):
                 victim = self._victim(priority)
                 if victim is not None:
@@ -182,7 +184,7 @@ class AdmissionPolicy:
             return Admit(entry_id)
         wait_s = self._expected_wait_s(entry, now_s)
         margin = 1.0 if objective_s is None else 0.5
-        if wait_s is not None and wait_s > margin * self.max_wait_s(priority):
+        if wait_s is not None and waited_s + wait_s > margin * self.max_wait_s(priority):
             # It would time out in the queue anyway: say so now, not after its bound.
             return Reject(entry_id, "queue_wait", self._retry_after_s(priority))
         if len(self._queue) < self._max_queue_len:

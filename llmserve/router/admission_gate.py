@@ -134,12 +134,15 @@ class Gate:
         num_tokens: int,
         timeout_s: float,
         streamed: bool = False,
+        waited_s: float = 0.0,
     ) -> Ticket:
         """Rate limit, concurrency cap, then queue; raises 429 / 503 / 504 OpenAIErrors.
-        `streamed`: its first token will be seen (`first_token`), so it may move the limit."""
+        `streamed`: its first token will be seen (`first_token`), so it may move the limit.
+        `waited_s`: what it waited before the Router, which its class's promise counts."""
         with tracing.tracer.start_as_current_span("rate_limit", record_exception=False) as span:
             span.set_attribute("llmserve.tenant", tenant.name)
             ticket = self._check_limits(tenant, model, num_tokens, timeout_s)
+            ticket.edge_wait_s = waited_s
         with tracing.tracer.start_as_current_span("queue_wait", record_exception=False) as span:
             try:
                 await self._enter_queue(ticket, self.priority(tenant), timeout_s)
@@ -155,7 +158,7 @@ class Gate:
                 self._limits[model].started(
                     ticket.entry_id,
                     ticket.priority,
-                    ticket.admitted_at,
+                    ticket.admitted_at - ticket.edge_wait_s,
                     self._tightest_s if objective_s is None else objective_s,
                     now,
                     num_in_flight=self._queues[model].num_in_flight,
@@ -212,7 +215,7 @@ class Gate:
             self._fail_waiter(ticket.model, r)
         self._refuse_a_late_start(ticket, priority)
         self._refuse_a_cold_start(ticket, priority, timeout_s)
-        decision = queue.offer(ticket.entry_id, priority, now)
+        decision = queue.offer(ticket.entry_id, priority, now, ticket.edge_wait_s)
         if isinstance(decision, Admit):
             if decision.preempted is not None:
                 self._preempt(decision.preempted)

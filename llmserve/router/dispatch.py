@@ -57,6 +57,7 @@ class ClientRequest:
     request_id: str
     headers: tuple[tuple[str, str], ...] = ()  # those a replica gets (content-type, trace)
     session_id: str | None = None  # x-session-id; else the body's `user`
+    edge_wait_s: float | None = None  # from HAProxy to this Router (its promise counts it)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Dispatcher:
         (OpenAIError: 400, 404, 429, 503) raised."""
         tenant, body = client.tenant, client.body
         trail.priority = tenant.priority
+        trail.edge_wait_s = client.edge_wait_s
         trail.ttft_objective_s = self._config.admission.ttft_objective_s_by_class.get(
             tenant.priority
         )
@@ -136,7 +138,12 @@ class Dispatcher:
         # one for every 429 of a flood would take the Router's event loop).
         with tracing.tracer.start_as_current_span("admit", record_exception=False) as span:
             ticket = await self._gate.admit(
-                tenant, model.name, num_tokens, terms.timeout_s, streamed=body.get("stream") is True
+                tenant,
+                model.name,
+                num_tokens,
+                terms.timeout_s,
+                streamed=body.get("stream") is True,
+                waited_s=client.edge_wait_s or 0.0,
             )
             span.set_attribute("llmserve.queue_wait_s", ticket.queue_wait_s)
         trail.queue_wait_s = ticket.queue_wait_s

@@ -34,6 +34,7 @@ class RequestTrail:
     priority: str = "unknown"
     stream: bool = False
     queue_wait_s: float | None = None
+    edge_wait_s: float | None = None  # from HAProxy to the Router, where HAProxy stamped it
     ttft_objective_s: float | None = None  # the class's first-token promise
     first_s: float | None = None  # monotonic time the first token was in hand
     replica: str | None = None
@@ -75,6 +76,7 @@ class RequestTrail:
             ttft_s=ttft_s,
             tpot_s=tpot_s,
             queue_wait_s=self.queue_wait_s,
+            edge_wait_s=self.edge_wait_s,
             num_prompt_tokens=self.num_prompt_tokens,
             num_completion_tokens=self.num_completion_tokens,
             ttft_objective_s=self.ttft_objective_s,
@@ -100,6 +102,9 @@ class RequestTrail:
                     "queue_wait_ms": None
                     if self.queue_wait_s is None
                     else round(self.queue_wait_s * 1000, 1),
+                    "edge_wait_ms": None
+                    if self.edge_wait_s is None
+                    else round(self.edge_wait_s * 1000, 1),
                     "prompt_tokens": self.num_prompt_tokens,
                     "completion_tokens": self.num_completion_tokens,
                     "replica": self.replica,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +18,31 @@ from llmserve.policies.resume import Progress
 from llmserve.protocol.openai_protocol import OpenAIError
 from llmserve.protocol.replica_call import ReplicaRequest, ReplyEnd, ReplyHead
 from llmserve.router.request_log import RequestTrail
+from llmserve.router.shield import EDGE_HEADER
 from llmserve.router.ticket import Ticket
 
 DONE_FRAME = b"data: [DONE]\n\n"
+EDGE_HEADER_BYTES = EDGE_HEADER.encode()
+# Longer than this before the Router: a clock step, not a wait (the promises are seconds).
+MAX_EDGE_WAIT_S = 60.0
+
+
+def edge_wait_s(stamp: str | None, now_epoch_s: float) -> float:
+    """Seconds a request spent between HAProxy and the Router (HAProxy's ingress, Serve's proxy,
+    the hop, this event loop), from the stamp HAProxy sets (shield.EDGE_HEADER); 0 without one
+    or for one that cannot be a wait (a clock step, garbage). Time the client waited, that its
+    class's first-token promise counts: the gate counts it too."""
+    try:
+        waited_s = now_epoch_s - int(stamp or "") / 1e6
+    except ValueError:
+        return 0.0
+    return waited_s if 0.0 < waited_s <= MAX_EDGE_WAIT_S else 0.0
+
+
+def edge_wait_of(scope: dict[str, Any]) -> float | None:
+    """edge_wait_s of an ASGI request, now; None where HAProxy did not stamp it."""
+    stamp = next((v for k, v in scope["headers"] if k == EDGE_HEADER_BYTES), None)
+    return None if stamp is None else edge_wait_s(stamp.decode("latin-1"), time.time())
 
 
 @dataclass

@@ -47,6 +47,7 @@ from llmserve.router.request_log import outcome_of
 from llmserve.router.request_path import (
     SseChunks,
     body_size,
+    edge_wait_of,
     health_counts,
     unless_disconnected,
 )
@@ -123,6 +124,7 @@ class Router:
         """The key's tenant and its request rate, before the body is even read (no work for
         strangers, a flood refused cheaply); the tenant is left in the request's state."""
         state = scope.setdefault("state", {})
+        state["edge_wait_s"] = edge_wait_of(scope)  # before anything of its own takes time
         authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
         try:
             with tracing.tracer.start_as_current_span("authenticate", record_exception=False):
@@ -139,15 +141,15 @@ class Router:
             trail = self._dispatch.trail(scope["path"], state.get("request_id") or "")
             if "tenant" in state:
                 trail.tenant = state["tenant"].name
+            trail.edge_wait_s = state["edge_wait_s"]
             trail.finish(*outcome_of(e))
             return e
         return None
 
     async def _housekeeping(self) -> None:
         """Expire queued requests and enforce deadlines every tick; follow each model's live
-        replica count (ReplicaCounts, llmserve/protocol/route_note.py). Where the count must be
-        asked of the Serve controller, which can stall for many seconds, it is asked in a task of
-        its own, so that no tick ever waits for it."""
+        replica count (ReplicaCounts, llmserve/protocol/route_note.py), asked of the Serve
+        controller (which can stall for many seconds) in a task of its own where it must be."""
         last_refresh = 0.0
         refresh: asyncio.Task | None = None
         while True:
@@ -188,9 +190,7 @@ class Router:
         # Keys are checked here too, and a tenant sees only the models it may use.
         tenant = self._directory.authenticate(request.headers.get("authorization"))
         await self._served.freshen()
-        allowed = {
-            name: s.model.name for name, s in self._served.items() if may_use(tenant, name, s)
-        }
+        allowed = {n: s.model.name for n, s in self._served.items() if may_use(tenant, n, s)}
         return openapi_docs.models_list(allowed, self._created)
 
     @app.get("/healthz")
@@ -304,7 +304,6 @@ class Router:
             tenant: TenantConfig = request.state.tenant  # EarlyRefusal let it through
             trail.tenant = tenant.name
             raw = await read_body(request, self._config.http.max_request_body_bytes)
-            session = request.headers.get("x-session-id")
             client = ClientRequest(
                 path,
                 parse_json_body(raw),
@@ -312,7 +311,8 @@ class Router:
                 tenant,
                 request_id,
                 tuple((k, v) for k in FORWARDED_HEADERS if (v := request.headers.get(k))),
-                session[:128] if session else None,
+                (request.headers.get("x-session-id") or "")[:128] or None,
+                request.state.edge_wait_s,
             )
             reply = await self._dispatch.open(client, trail)
             request.state.response_headers = {**reply.headers, "x-llmserve-tenant": tenant.name}

@@ -91,6 +91,10 @@ def map_text(limits: dict[str, KeyLimit]) -> str:
     return "".join(f"{d} {k.limit} {k.burst} {k.tenant}\n" for d, k in sorted(limits.items()))
 
 
+# Microseconds since the epoch at which HAProxy passed a request on, on the host's clock.
+EDGE_HEADER = "x-llmserve-edge-us"
+
+
 def rules(map_path: str) -> str:
     """Lines for HAProxy's API frontend, before it picks a backend (the wrapper puts them)."""
     refusal = json.dumps(REFUSAL.body(), separators=(",", ":"))  # single-quoted below
@@ -120,6 +124,9 @@ def rules(map_path: str) -> str:
             f"hdr x-llmserve-refused-by shield string '{refusal}' "
             f"if {{ var({over}) -m int ge 0 }}",
             f"    http-request sc-inc-gpc0(0) if {known}",
+            # When HAProxy took it: the Router counts what it waited before it against its
+            # class's first-token promise (request_path.edge_wait_s). Set, never passed on.
+            f"    http-request set-header {EDGE_HEADER} %[date(0,us)]",
             "",
         ]
     )

@@ -20,6 +20,7 @@ class Ticket:
     rate_headers: dict[str, str]
     queue_wait_s: float = 0.0
     admitted_at: float = 0.0  # when it passed the rate limits, on the gate's clock
+    edge_wait_s: float = 0.0  # what it waited before the Router: its promise counts it
     finished: bool = field(default=False)
     expired: bool = field(default=False)  # its deadline passed and its stream was cancelled
     priority: int = 0  # its class's level

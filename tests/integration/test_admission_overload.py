@@ -117,6 +117,11 @@ def test_flood_is_shed_at_admission_and_admitted_work_completes(base_url, http):
         f"max {max(inside):.1f} ms; {len(inside_served)} served in median "
         f"{in_served_med:.1f} ms"
     )
+    # HAProxy stamped each request (shield.EDGE_HEADER): what it waited before the Router,
+    # which its promise counts; on the flood's refusals, most of what their clients waited.
+    edge = sorted(r["edge_wait_ms"] for r in log if r["edge_wait_ms"] is not None)
+    print(f"HAProxy to Router: median {statistics.median(edge):.1f} ms, max {edge[-1]:.1f} ms")
+    assert len(edge) == len(log) and edge[-1] < 60_000
     assert len(inside) == sum(1 for r in at_router if r.status in (429, 503))
     assert len(inside_served) == len(by_status[200])
     assert in_rej_med < 0.5 * in_served_med
@@ -131,7 +136,11 @@ def test_flood_is_shed_at_admission_and_admitted_work_completes(base_url, http):
 def test_queue_depth_and_rejections_reach_prometheus_export(serve_app):
     """After the flood: Ray's metrics export carries the Router's queue and rejection series."""
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
-    wanted = ("ray_llmserve_queue_depth{", "ray_llmserve_rejections_total{")
+    wanted = (
+        "ray_llmserve_queue_depth{",
+        "ray_llmserve_rejections_total{",
+        "ray_llmserve_edge_wait_seconds_bucket{",
+    )
     deadline = time.monotonic() + 120
     text = ""
     while time.monotonic() < deadline:

@@ -87,3 +87,26 @@ def test_a_promised_class_queues_only_if_it_expects_to_start_within_half_its_bou
     assert isinstance(r, Reject) and r.reason == "queue_wait"
     # A class without a promise queues up to its whole bound: 4 s, behind s2.
     assert policy.offer("other", 5, 4.0) == Queue("other")
+
+
+def test_what_it_waited_in_front_of_the_router_counts_against_its_promise():
+    """HAProxy's stamp (llmserve/router/request_path.py edge_wait_s): the client's first
+    token is due `objective` after it reached the platform, not after it reached the Router."""
+    policy = policy_with_service(4.0)
+    for i in range(5):
+        policy.offer(f"b{i}", BATCH, 4.0)
+    # At 7 s the first batch slot frees in 1 s: within standard's 2 s, unless the request has
+    # already spent 1.5 s reaching the Router.
+    late = policy.offer("s0", STANDARD, 7.0, waited_s=1.5)
+    assert isinstance(late, Reject) and late.reason == "queue_wait"
+    assert policy.offer("s1", STANDARD, 7.0, waited_s=0.5) == Admit("s1")
+
+
+def test_what_it_waited_in_front_of_the_router_counts_against_its_queue_bound():
+    policy = make(capacity=1, max_queue_wait_s=10.0)
+    assert policy.offer("run", BATCH, 0.0) == Admit("run")
+    assert policy.offer("early", BATCH, 0.0, waited_s=6.0) == Queue("early")
+    assert policy.offer("fresh", BATCH, 0.0) == Queue("fresh")
+    # 5 s on: 11 s since the first reached the platform, 5 s for the other.
+    assert [r.entry_id for r in policy.poll(5.0)] == ["early"]
+    assert policy.release("run", 5.0) == ["fresh"]

@@ -27,6 +27,7 @@ from llmserve.edge.ray_env import (
     run_dir,
 )
 from llmserve.router import shield
+from llmserve.router.request_path import edge_wait_s
 from tests.unit.test_shield import (
     HAPROXY_ON,
     LIMITED,
@@ -47,6 +48,7 @@ def _free_port() -> int:
 
 class _Router(BaseHTTPRequestHandler):
     def do_POST(self):
+        self.server.stamps.append(self.headers.get(shield.EDGE_HEADER))
         self.rfile.read(int(self.headers.get("content-length") or 0))
         self.send_response(200)
         self.send_header("content-length", "2")
@@ -63,6 +65,7 @@ class _Router(BaseHTTPRequestHandler):
 def backend() -> Iterator[ThreadingHTTPServer]:
     """A plain HTTP server standing in for the Routers."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Router)
+    server.stamps = []  # the edge stamps the requests came with
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -168,3 +171,18 @@ def test_two_clusters_at_once_each_haproxy_refuses_at_its_own_limit(backend):
     finally:
         for base in bases:
             assert remove_cluster_files(base) == [run_dir(base)]
+
+
+def test_haproxy_stamps_each_request_with_when_it_passed_it_on(haproxy, backend):
+    """The Router counts the time since against the request's first-token promise
+    (request_path.edge_wait_s); a client's own stamp is replaced, not passed on."""
+    before = time.time()
+    forged = {
+        "authorization": f"Bearer {OTHER}",
+        shield.EDGE_HEADER: str(int(before * 1e6) - 10**8),
+    }
+    assert haproxy.post("/v1/completions", headers=forged).status_code == 200
+    after = time.time()
+    stamp = backend.stamps[-1]
+    assert before <= int(stamp) / 1e6 <= after, (before, stamp, after)
+    assert 0 <= edge_wait_s(stamp, after + 0.25) - 0.25 <= after - before

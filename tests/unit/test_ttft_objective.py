@@ -22,6 +22,9 @@ def outcome(**kw) -> RequestOutcome:
         (dict(ttft_s=0.4, queue_wait_s=0.0, ttft_objective_s=1.0), "met"),
         (dict(ttft_s=1.0, queue_wait_s=0.0, ttft_objective_s=1.0), "met"),  # on the bound
         (dict(ttft_s=1.5, queue_wait_s=0.9, ttft_objective_s=1.0), "missed"),
+        # 0.8 s at the Router, after 0.3 s from HAProxy to it: the client waited 1.1 s.
+        (dict(ttft_s=0.8, queue_wait_s=0.0, edge_wait_s=0.3, ttft_objective_s=1.0), "missed"),
+        (dict(ttft_s=0.8, queue_wait_s=0.0, edge_wait_s=0.2, ttft_objective_s=1.0), "met"),
         # Admitted, then a 504 before any token: the promise was not kept.
         (dict(outcome="504", queue_wait_s=0.1, ttft_objective_s=1.0), "missed"),
         # Refused at admission (no queue wait): an answer at once, counted as a rejection.
