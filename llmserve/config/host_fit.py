@@ -43,11 +43,11 @@ def held_back(config: AppConfig, arch: str, flags: frozenset[str] | None) -> dic
         and m.deployment.num_gpus == 0
         and (why := cpu_host_blocker(m.quantize, arch, flags))
     }
+    everyone = all(t.models is None for t in config.tenants)
     out = {}
     for name, base in served_names(config.models).items():
         if base in reasons:
             users = [t.name for t in config.tenants if t.models is None or name in t.models]
-            everyone = all(t.models is None for t in config.tenants)
             out[name] = HeldBack(reasons[base], None if everyone else tuple(users))
     return out
 

@@ -126,7 +126,9 @@ class Dispatcher:
         # An adapter's requests are its base model's: its engines, its queue.
         served = await self._served.find(fields.model)
         if served is None or not may_use(tenant, fields.model, served):
-            raise model_not_served(fields.model, tenant, self._served.held_back)
+            raise model_not_served(
+                fields.model, self._served.held_back_reason(fields.model, tenant.name)
+            )
         model = served.model
         handle = self._handles[model.name]
         terms = request_terms(tenant, fields.max_tokens, fields.timeout_s, model.max_tokens_default)

@@ -60,6 +60,11 @@ class ServedTable:
         """The held-back names a tenant may use -> why; the others are not its business."""
         return {m: h.reason for m, h in self.held_back.items() if h.told_to(tenant)}
 
+    def held_back_reason(self, name: str, tenant: str) -> str | None:
+        """Why this host holds `name` back, where `tenant` may use it; None otherwise."""
+        held = self.held_back.get(name)
+        return held.reason if held is not None and held.told_to(tenant) else None
+
     def items(self) -> Iterator[tuple[str, Served]]:
         yield from self._fixed.items()
         for adapters in self._runtime.values():

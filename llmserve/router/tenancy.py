@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmserve.config.app_config import AppConfig, Served, TenantConfig, key_digest
-from llmserve.config.host_fit import HeldBack
 from llmserve.protocol.openai_protocol import OpenAIError
 
 
@@ -121,15 +120,13 @@ def model_not_found(model: str) -> OpenAIError:
     )
 
 
-def model_not_served(
-    model: str, tenant: TenantConfig, held_back: dict[str, HeldBack]
-) -> OpenAIError:
+def model_not_served(model: str, held_back_reason: str | None) -> OpenAIError:
     """The 404 for a name this Router does not serve: why, where this host holds the model back
-    (llmserve/config/host_fit.py) and the tenant may use it; model_not_found's words otherwise."""
-    held = held_back.get(model)
-    if held is None or not held.told_to(tenant.name):
+    (llmserve/config/host_fit.py) from a tenant that may use it (ServedTable.held_back_reason);
+    model_not_found's words otherwise."""
+    if held_back_reason is None:
         return model_not_found(model)
-    return OpenAIError(404, held.reason, param="model", code="model_not_available")
+    return OpenAIError(404, held_back_reason, param="model", code="model_not_available")
 
 
 def may_use(tenant: TenantConfig, name: str, served: Served) -> bool:

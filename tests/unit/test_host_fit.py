@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from llmserve.config import host_fit
-from llmserve.config.app_config import AppConfig, TenantConfig
+from llmserve.config.app_config import AppConfig
 from llmserve.config.quantization import cpu_host_blocker
 from llmserve.router.served_table import ServedTable
 from llmserve.router.tenancy import model_not_served
@@ -76,19 +76,18 @@ def test_a_tenants_list_loses_the_held_back_name_and_only_its_users_hear_why():
     assert held["small"].tenants == ("both",)
     kept = host_fit.without(config, set(held))
     assert [t.models for t in kept.tenants] == [["plain"], ["plain"]]
-    both, plain_only = (TenantConfig.model_validate(t) for t in raw["tenants"])
-    told = model_not_served("small", both, held)
+    table = ServedTable(kept, ask=None, held_back=held)
+    assert table.get("small") is None
+    told = model_not_served("small", table.held_back_reason("small", "both"))
     assert (told.status, told.code) == (404, "model_not_available")
     assert "avx512f" in told.message
     # Not its model: the words of any unknown name, so probing names tells nothing.
-    hidden = model_not_served("small", plain_only, held)
-    unknown = model_not_served("no-such", plain_only, held)
+    hidden = model_not_served("small", table.held_back_reason("small", "plain-only"))
+    unknown = model_not_served("no-such", table.held_back_reason("no-such", "plain-only"))
     assert (hidden.code, hidden.message) == (
         unknown.code,
         unknown.message.replace("no-such", "small"),
     )
-    table = ServedTable(kept, ask=None, held_back=held)
-    assert table.get("small") is None
     assert set(table.held_back_for("both")) == {"small"} and table.held_back_for("plain-only") == {}
 
 
